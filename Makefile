@@ -1,0 +1,28 @@
+# Two entry points for a fresh machine: `make demo` and `make test`. Both bootstrap uv if it is missing.
+SHELL := /bin/bash
+export UV_PYTHON_DOWNLOADS := never
+PYTHON ?= python3
+UV := $(PYTHON) -m uv
+
+.PHONY: uv demo test lint typecheck pytest
+
+uv:
+	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
+
+demo: uv
+	$(UV) sync --locked --quiet
+	$(UV) run --locked python -m step_persistence.demo $(ARGS)
+
+lint: uv
+	$(UV) run --locked ruff check src tests
+	$(UV) run --locked ruff format --check src tests
+
+typecheck: uv
+	$(UV) run --locked mypy
+
+pytest: uv
+	$(UV) run --locked pytest $(PYTEST_ARGS)
+
+test: uv
+	$(UV) sync --locked --all-extras --quiet
+	$(MAKE) --no-print-directory lint typecheck pytest

@@ -1,0 +1,108 @@
+"""Per-message encoding of a message history, done once per message object.
+
+A run's history grows by a few messages per step, and every settled step is
+snapshotted. Encoding the whole history at every step would make a long run
+quadratic, so each message is encoded once, the first time it is seen, and its
+encoding is reused by every later snapshot that contains the same object.
+Stores use the digest to write each distinct message of a run once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pydantic
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+
+__all__ = ['EncodedMessage', 'HistoryEncoder', 'decode_messages', 'encode_message', 'encode_messages']
+
+MESSAGE_ADAPTER: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(ModelMessage)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedMessage:
+    """One message as JSON, with the SHA-256 digest of those bytes (its identity within a run)."""
+
+    digest: str
+    data: bytes
+
+    def tree(self) -> Any:
+        """A fresh JSON tree (dicts, lists, scalars) of the message."""
+        return json.loads(self.data)
+
+
+def encode_message(message: ModelMessage) -> EncodedMessage:
+    """Encode one message (this copies it: later mutation of `message` does not change the result)."""
+    data = MESSAGE_ADAPTER.dump_json(message)
+    return EncodedMessage(digest=hashlib.sha256(data).hexdigest(), data=data)
+
+
+def encode_messages(messages: Iterable[ModelMessage]) -> tuple[EncodedMessage, ...]:
+    """Encode every message of a history."""
+    return tuple(encode_message(message) for message in messages)
+
+
+def decode_messages(trees: Sequence[Any]) -> list[ModelMessage]:
+    """Validate JSON trees back into messages; raises `ValueError` on anything malformed."""
+    return ModelMessagesTypeAdapter.validate_python(list(trees))
+
+
+class HistoryEncoder:
+    """Encodes histories, reusing the encoding of message objects it has already seen.
+
+    Treats a message object as immutable once another message follows it, which is how
+    pydantic-ai builds histories: it appends new messages and replaces (never edits) old ones.
+    The newest message of a history may still be completed in place, so it is encoded afresh
+    each time it is the newest.
+    """
+
+    def __init__(self) -> None:
+        self._by_identity: dict[int, tuple[ModelMessage, EncodedMessage]] = {}
+
+    def encode(self, messages: Sequence[ModelMessage]) -> tuple[EncodedMessage, ...]:
+        """Encode `messages`, paying serialization only for objects not seen before."""
+        encoded: list[EncodedMessage] = []
+        for message in messages[:-1]:
+            known = self._by_identity.get(id(message))
+            if known is None or known[0] is not message:
+                known = (message, encode_message(message))
+                self._by_identity[id(message)] = known
+            encoded.append(known[1])
+        encoded.extend(encode_message(message) for message in messages[-1:])
+        return tuple(encoded)
+
+
+def pack_refs(numbers: Sequence[int]) -> list[list[int]]:
+    """Compress a list of message numbers into inclusive `[first, last]` runs of consecutive numbers.
+
+    A snapshot of an append-only history is one run, whatever its length, so storing a snapshot
+    as references to a run's messages costs O(1) instead of O(history).
+    """
+    ranges: list[list[int]] = []
+    for number in numbers:
+        if ranges and ranges[-1][1] + 1 == number:
+            ranges[-1][1] = number
+        else:
+            ranges.append([number, number])
+    return ranges
+
+
+def unpack_refs(ranges: Any) -> list[int]:
+    """Expand `pack_refs` output; raises `ValueError` for anything that is not a list of int pairs."""
+    if not isinstance(ranges, list):
+        raise ValueError(f'message references must be a list of [first, last] pairs, got {type(ranges).__name__}')
+    numbers: list[int] = []
+    for pair in ranges:
+        if (
+            not isinstance(pair, list)
+            or len(pair) != 2
+            or not all(isinstance(n, int) and not isinstance(n, bool) for n in pair)
+            or pair[0] > pair[1]
+        ):
+            raise ValueError(f'malformed message reference range {pair!r}')
+        numbers.extend(range(pair[0], pair[1] + 1))
+    return numbers

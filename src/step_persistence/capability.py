@@ -1,0 +1,476 @@
+"""`StepPersistence`: the pydantic-ai capability that records a run step by step."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any, Literal
+
+import anyio
+from pydantic_ai import CallToolsNode, ModelRequestNode
+from pydantic_ai.capabilities import AbstractCapability, durable_operation
+from pydantic_ai.capabilities.abstract import (
+    AgentNode,
+    NodeResult,
+    ValidatedToolArgs,
+    WrapModelRequestHandler,
+    WrapNodeRunHandler,
+    WrapRunHandler,
+    WrapToolExecuteHandler,
+)
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ToolRetryError
+from pydantic_ai.messages import CapabilityEvent, ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import RunContext, ToolDefinition
+
+from step_persistence._active import ACTIVE_RUN, ActiveRun
+from step_persistence._history import EncodedMessage, HistoryEncoder
+from step_persistence.helpers import snapshot_state, unanswered_tool_call_ids
+from step_persistence.protocol import StepStore
+from step_persistence.records import (
+    ContinuableSnapshot,
+    EventKind,
+    RunRecord,
+    StepEvent,
+    ToolEffectRecord,
+    utc_now,
+)
+from step_persistence.run_ids import derive_run_id
+from step_persistence.stores.memory import InMemoryStepStore
+
+__all__ = ['SnapshotSaved', 'StepPersistence']
+
+SnapshotReason = Literal['tool_cycle', 'before_request', 'after_response', 'final', 'failure']
+
+
+@dataclass(repr=False, kw_only=True)
+class SnapshotSaved(CapabilityEvent, namespace='step_persistence', name='snapshot_saved', dispatch='immediate'):
+    """Emitted after each snapshot write; capability listeners (`on_event`) receive it before the run goes on.
+
+    The snapshots written as a run ends (final or failure) come after the run's event stream has
+    closed, so an `event_stream_handler` sees only the ones written during the run's steps.
+    """
+
+    run_id: str
+    conversation_id: str | None
+    step_index: int
+    state: Literal['complete', 'interrupted']
+
+
+@dataclass
+class _RunState:
+    """What one run's persistence needs between hooks; lives on the `for_run` copy."""
+
+    active: ActiveRun
+    conversation_id: str | None
+    parent_run_id: str | None
+    agent_name: str | None
+    encoder: HistoryEncoder = field(default_factory=HistoryEncoder)
+    live_messages: list[ModelMessage] | None = None
+    """The run's message history list, as seen by node hooks (the run context's own may be stale)."""
+    last_snapshot: tuple[str, ...] | None = None
+    """Digests of the last snapshot written, to skip an unchanged final one."""
+    step: int = 0
+    """The latest `run_step` seen by a step-level hook (the run-level context keeps its initial value)."""
+    key_counts: dict[str, int] = field(default_factory=dict[str, int])
+    completed_calls: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
+    """Calls recorded `completed` in the current tool cycle, by `tool_call_id`."""
+    failure_recorded: bool = False
+    """Whether the failure snapshot of the current failure has been written."""
+
+    @property
+    def run_id(self) -> str:
+        return self.active.run_id
+
+    def key(self, *parts: object) -> str:
+        """A deterministic idempotency key: the same writes of a replayed run get the same keys."""
+        base = ':'.join(str(part) for part in (self.run_id, *parts))
+        count = self.key_counts.get(base, 0)
+        self.key_counts[base] = count + 1
+        return base if count == 0 else f'{base}:{count}'
+
+
+async def register_run_once(store: StepStore, record: RunRecord) -> None:
+    """Register `record`, treating an identical stored record as this same registration replayed.
+
+    A different record under the same run id still raises `ValueError`.
+    """
+    try:
+        await store.register_run(record)
+    except ValueError:
+        if await store.get_run(run_id=record.run_id) != record:
+            raise
+
+
+def _failure_summary(error: BaseException) -> str:
+    if isinstance(error, ToolRetryError):
+        return f'retried: the tool asked the model to retry (ModelRetry) without returning a result: {error}'
+    if isinstance(error, CallDeferred | ApprovalRequired):
+        return f'deferred: the call was handed off ({type(error).__name__}) without a result in this run'
+    if isinstance(error, asyncio.CancelledError):
+        return 'cancelled before returning a result (e.g. a sibling tool call failed); its side effect may be partial'
+    return f'failed: {error!r}'
+
+
+_DISCARDED_SUMMARY = (
+    'the tool returned, but its result was discarded when the run failed or was cancelled; its side effect took place'
+)
+
+
+@dataclass
+class StepPersistence(AbstractCapability[Any]):
+    """Records every step of an agent run into a `StepStore`.
+
+    One instance serves many runs. Per run it writes an append-only event log, snapshots of the
+    message history at every settled tool cycle (and at the end, and at failure), and a ledger of
+    tool side effects. See the documentation for how run ids and lineage are resolved.
+    """
+
+    store: StepStore = field(default_factory=InMemoryStepStore)
+    """Where the run is recorded."""
+    agent_name: str | None = None
+    """Recorded on every record; when set (and `run_id` is not), run ids are derived from it."""
+    run_id: str | None = None
+    """An explicit run id for exactly one run of this instance."""
+    parent_run_id: str | None = None
+    """Explicit parent; by default the enclosing persisted run, if any."""
+    metadata: dict[str, str] = field(default_factory=dict[str, str])
+    """Copied onto the run record and every event."""
+    capture_frontier: bool = False
+    """Also snapshot before each model request and after each model response."""
+    _: KW_ONLY
+    id: str | None = 'step_persistence'
+
+    _explicit_run_claimed_by: str | None = field(default=None, init=False, repr=False, compare=False)
+    _state: _RunState | None = field(default=None, init=False, repr=False, compare=False)
+
+    # --- per-run setup ---
+
+    async def for_run(self, ctx: RunContext[Any]) -> StepPersistence:
+        run_id = self._resolve_run_id(ctx)
+        enclosing = ACTIVE_RUN.get()
+        parent_run_id = self.parent_run_id
+        if parent_run_id is None and enclosing is not None and enclosing.run_id != run_id:
+            parent_run_id = enclosing.run_id
+        agent_name = self.agent_name
+        if agent_name is None and ctx.agent is not None:
+            agent_name = ctx.agent.name
+        copy = dataclasses.replace(self)
+        copy._state = _RunState(
+            active=ActiveRun(run_id=run_id, store=self.store),
+            conversation_id=ctx.conversation_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+        )
+        return copy
+
+    def _resolve_run_id(self, ctx: RunContext[Any]) -> str:
+        if self.run_id is not None:
+            claimed_by = self._explicit_run_claimed_by
+            if claimed_by is not None and claimed_by != ctx.run_id:
+                raise ValueError(
+                    f'StepPersistence(run_id={self.run_id!r}) was already used for another run; an explicit '
+                    'run_id names exactly one run. Use agent_name= or conversation_id= to group several runs.'
+                )
+            self._explicit_run_claimed_by = ctx.run_id
+            return self.run_id
+        if ctx.run_id is None:
+            raise RuntimeError('the run context has no run_id to persist the run under')
+        if self.agent_name is not None:
+            return derive_run_id(self.agent_name, ctx.run_id)
+        return ctx.run_id
+
+    def compaction_transcript_handle(self) -> str | None:
+        """The run id this store keeps the current run's history under (`None` outside a run).
+
+        An identifier, not a promise: retention may already have pruned older snapshots.
+        """
+        if self._state is not None:
+            return self._state.run_id
+        active = ACTIVE_RUN.get()
+        return None if active is None else active.run_id
+
+    @property
+    def _run(self) -> _RunState:
+        if self._state is None:
+            raise RuntimeError('StepPersistence hooks ran on an instance that was not prepared by for_run')
+        return self._state
+
+    # --- durable store writes ---
+
+    @durable_operation(name='register_run')
+    async def _persist_run(self, ctx: RunContext[Any], record: RunRecord) -> None:
+        await register_run_once(self.store, record)
+
+    @durable_operation(name='append_event')
+    async def _persist_event(self, ctx: RunContext[Any], event: StepEvent) -> None:
+        await self.store.append_event(event)
+
+    @durable_operation(name='save_snapshot')
+    async def _persist_snapshot(self, ctx: RunContext[Any], snapshot: ContinuableSnapshot) -> None:
+        await self.store.save_snapshot(snapshot)
+
+    @durable_operation(name='record_tool_effect')
+    async def _persist_tool_effect(self, ctx: RunContext[Any], record: ToolEffectRecord) -> None:
+        await self.store.record_tool_effect(record)
+
+    # --- record builders ---
+
+    async def _event(
+        self,
+        ctx: RunContext[Any],
+        kind: EventKind,
+        *,
+        step_index: int,
+        key: str,
+        tool: ToolEffectRecord | None = None,
+        error: BaseException | str | None = None,
+    ) -> None:
+        run = self._run
+        event = StepEvent(
+            run_id=run.run_id,
+            kind=kind,
+            step_index=step_index,
+            conversation_id=run.conversation_id,
+            parent_run_id=run.parent_run_id,
+            agent_name=run.agent_name,
+            tool_call_id=None if tool is None else tool.tool_call_id,
+            tool_name=None if tool is None else tool.tool_name,
+            error=error if error is None or isinstance(error, str) else repr(error),
+            metadata=dict(self.metadata),
+            idempotency_key=key,
+        )
+        await self._persist_event(ctx, event)
+
+    async def _snapshot(
+        self,
+        ctx: RunContext[Any],
+        messages: Sequence[ModelMessage],
+        *,
+        step_index: int,
+        reason: SnapshotReason,
+        skip_if_unchanged: bool = False,
+    ) -> None:
+        run = self._run
+        encoded: tuple[EncodedMessage, ...] = run.encoder.encode(messages)
+        digests = tuple(message.digest for message in encoded)
+        if skip_if_unchanged and digests == run.last_snapshot:
+            return
+        state = snapshot_state(messages)
+        snapshot = ContinuableSnapshot.from_encoded(
+            run_id=run.run_id,
+            step_index=step_index,
+            messages=list(messages),
+            encoded=encoded,
+            state=state,
+            conversation_id=run.conversation_id,
+            parent_run_id=run.parent_run_id,
+            agent_name=run.agent_name,
+            idempotency_key=run.key('snapshot', step_index, reason),
+        )
+        await self._persist_snapshot(ctx, snapshot)
+        run.last_snapshot = digests
+        await ctx.emit(
+            SnapshotSaved(run_id=run.run_id, conversation_id=run.conversation_id, step_index=step_index, state=state)
+        )
+
+    # --- run lifecycle ---
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        run = self._run
+        token = ACTIVE_RUN.set(run.active)
+        try:
+            return await handler()
+        except BaseException as error:
+            with anyio.CancelScope(shield=True):
+                if not run.failure_recorded:
+                    await self._record_failure_snapshot(ctx)
+                await self._event(ctx, 'run_failed', step_index=run.step, key=run.key('run_failed'), error=error)
+            raise
+        finally:
+            ACTIVE_RUN.reset(token)
+
+    async def before_run(self, ctx: RunContext[Any]) -> None:
+        run = self._run
+        record = RunRecord(
+            run_id=run.run_id,
+            conversation_id=run.conversation_id,
+            parent_run_id=run.parent_run_id,
+            agent_name=run.agent_name,
+            metadata=dict(self.metadata),
+        )
+        await self._persist_run(ctx, record)
+        await self._event(ctx, 'run_started', step_index=ctx.run_step, key=run.key('run_started'))
+
+    async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
+        run = self._run
+        await self._snapshot(ctx, result.all_messages(), step_index=run.step, reason='final', skip_if_unchanged=True)
+        await self._event(ctx, 'run_completed', step_index=run.step, key=run.key('run_completed'))
+        return result
+
+    async def _record_failure_snapshot(self, ctx: RunContext[Any]) -> None:
+        """Close the ledger of every call the failure ended or whose result it lost, then snapshot the history.
+
+        A cancelled run reaches its failure hooks before its tool calls are torn down, so calls
+        still in flight are closed here, as cancelled; their own teardown then finds nothing to do.
+        """
+        run = self._run
+        run.failure_recorded = True
+        for call_id in list(run.active.in_flight):
+            await self._settle_tool_call(ctx, call_id, step=run.step, error=asyncio.CancelledError())
+        if run.live_messages is None:
+            return
+        messages = list(run.live_messages)
+        unanswered = set(unanswered_tool_call_ids(messages))
+        for tool_call_id, record in run.completed_calls.items():
+            if tool_call_id in unanswered:
+                await self._settle_discarded(ctx, record, step_index=run.step)
+        run.completed_calls.clear()
+        await self._snapshot(ctx, messages, step_index=run.step, reason='failure')
+
+    async def _settle_discarded(self, ctx: RunContext[Any], record: ToolEffectRecord, *, step_index: int) -> None:
+        """Record a call whose return value never reached the history as failed, with the reason."""
+        run = self._run
+        discarded = record.model_copy(update={'status': 'failed', 'effect_summary': _DISCARDED_SUMMARY})
+        await self._persist_tool_effect(ctx, discarded)
+        await self._event(
+            ctx,
+            'tool_call_failed',
+            step_index=step_index,
+            key=run.key('tool', step_index, record.tool_call_id, 'discarded'),
+            tool=record,
+            error=_DISCARDED_SUMMARY,
+        )
+
+    # --- graph nodes ---
+
+    def _observe(self, ctx: RunContext[Any]) -> _RunState:
+        run = self._run
+        run.live_messages = ctx.messages
+        run.step = max(run.step, ctx.run_step)
+        return run
+
+    async def wrap_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], handler: WrapNodeRunHandler[Any]
+    ) -> NodeResult[Any]:
+        self._observe(ctx)
+        try:
+            return await handler(node)
+        except BaseException:
+            with anyio.CancelScope(shield=True):
+                self._observe(ctx)
+                await self._record_failure_snapshot(ctx)
+            raise
+
+    async def after_node_run(
+        self, ctx: RunContext[Any], *, node: AgentNode[Any], result: NodeResult[Any]
+    ) -> NodeResult[Any]:
+        run = self._observe(ctx)
+        run.failure_recorded = False
+        if isinstance(node, CallToolsNode) and isinstance(result, ModelRequestNode):
+            run.completed_calls.clear()
+            await self._snapshot(ctx, [*ctx.messages, result.request], step_index=ctx.run_step, reason='tool_cycle')
+        return result
+
+    # --- model requests ---
+
+    async def wrap_model_request(
+        self,
+        ctx: RunContext[Any],
+        *,
+        request_context: ModelRequestContext,
+        handler: WrapModelRequestHandler,
+    ) -> ModelResponse:
+        run = self._observe(ctx)
+        step = ctx.run_step
+        await self._event(ctx, 'model_request_started', step_index=step, key=run.key('model', step, 'started'))
+        if self.capture_frontier:
+            await self._snapshot(ctx, ctx.messages, step_index=step, reason='before_request')
+        try:
+            response = await handler(request_context)
+        except BaseException as error:
+            with anyio.CancelScope(shield=True):
+                await self._event(
+                    ctx, 'model_request_failed', step_index=step, key=run.key('model', step, 'failed'), error=error
+                )
+            raise
+        await self._event(ctx, 'model_request_completed', step_index=step, key=run.key('model', step, 'completed'))
+        if self.capture_frontier:
+            await self._snapshot(ctx, [*ctx.messages, response], step_index=step, reason='after_response')
+        return response
+
+    # --- tool calls ---
+
+    async def wrap_tool_execute(
+        self,
+        ctx: RunContext[Any],
+        *,
+        call: ToolCallPart,
+        tool_def: ToolDefinition,
+        args: ValidatedToolArgs,
+        handler: WrapToolExecuteHandler,
+    ) -> Any:
+        run = self._run
+        step = ctx.run_step
+        run.step = max(run.step, step)
+        call_id = call.tool_call_id
+        started = ToolEffectRecord(run_id=run.run_id, tool_call_id=call_id, tool_name=call.tool_name, status='started')
+        run.active.in_flight[call_id] = started
+        await self._persist_tool_effect(ctx, started)
+        await self._event(
+            ctx, 'tool_call_started', step_index=step, key=run.key('tool', step, call_id, 'started'), tool=started
+        )
+        try:
+            result = await handler(args)
+        except BaseException as error:
+            with anyio.CancelScope(shield=True):
+                await self._settle_tool_call(ctx, call_id, step=step, error=error)
+            raise
+        try:
+            await self._settle_tool_call(ctx, call_id, step=step, error=None)
+        except asyncio.CancelledError:
+            # The run is discarding this call's result: the ledger must not claim it completed.
+            with anyio.CancelScope(shield=True):
+                record = run.completed_calls.pop(call_id, None)
+                if record is not None:
+                    await self._settle_discarded(ctx, record, step_index=step)
+            raise
+        return result
+
+    async def _settle_tool_call(
+        self, ctx: RunContext[Any], call_id: str, *, step: int, error: BaseException | None
+    ) -> None:
+        """Write the terminal ledger record (keeping annotations) and its event, unless already written."""
+        run = self._run
+        in_flight = run.active.in_flight.pop(call_id, None)
+        if in_flight is None:
+            return
+        if error is None:
+            record = in_flight.model_copy(update={'status': 'completed', 'ended_at': utc_now()})
+            run.completed_calls[call_id] = record
+        else:
+            summary = in_flight.effect_summary if in_flight.effect_summary is not None else _failure_summary(error)
+            record = in_flight.model_copy(update={'status': 'failed', 'ended_at': utc_now(), 'effect_summary': summary})
+        await self._persist_tool_effect(ctx, record)
+        kind: EventKind = 'tool_call_completed' if error is None else 'tool_call_failed'
+        outcome = 'completed' if error is None else 'failed'
+        await self._event(
+            ctx, kind, step_index=step, key=run.key('tool', step, call_id, outcome), tool=record, error=error
+        )
+
+    # --- specs ---
+
+    @classmethod
+    def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence:
+        """Build from an agent spec: `store` may be a backend name, a URL, or a mapping of `from_spec` options."""
+        from step_persistence.spec import from_spec
+
+        store = kwargs.pop('store', None)
+        if store is not None and not isinstance(store, StepStore):
+            kwargs['store'] = from_spec(**store) if isinstance(store, dict) else from_spec(store)
+        elif store is not None:
+            kwargs['store'] = store
+        return cls(*args, **kwargs)

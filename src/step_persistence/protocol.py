@@ -1,0 +1,87 @@
+"""The async `StepStore` protocol that every backend implements identically."""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import Protocol, Self, runtime_checkable
+
+from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+
+__all__ = ['StepStore']
+
+
+@runtime_checkable
+class StepStore(Protocol):
+    """Durable storage for runs, their event logs, snapshots and tool-effect ledgers.
+
+    Every method is a coroutine and never blocks the event loop. Writes for a run that was never
+    registered raise `LookupError`. A persisted item that cannot be read is skipped and logged by
+    listings, and `latest_snapshot` falls back to the next readable snapshot.
+    """
+
+    async def register_run(self, record: RunRecord) -> None:
+        """Insert a run; raise `ValueError` if its `run_id` is already stored (atomically)."""
+        ...
+
+    async def get_run(self, *, run_id: str) -> RunRecord | None:
+        """The run's record, or `None`."""
+        ...
+
+    async def list_runs(
+        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+    ) -> list[RunRecord]:
+        """Runs matching every given filter, oldest `started_at` first (ties in registration order)."""
+        ...
+
+    async def append_event(self, event: StepEvent) -> None:
+        """Append an event; a repeated non-null `idempotency_key` for the same run writes nothing."""
+        ...
+
+    async def list_events(self, *, run_id: str) -> list[StepEvent]:
+        """The run's events in append order."""
+        ...
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        """Append a snapshot under the run's next sequence number, then apply retention.
+
+        A repeated non-null `idempotency_key` for the same run writes nothing, even if the snapshot
+        first written with it has since been pruned.
+        """
+        ...
+
+    async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
+        """The newest `complete` snapshot (or newest of any state), or `None`."""
+        ...
+
+    async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        """Retained snapshots in sequence order (only `complete` ones unless asked)."""
+        ...
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        """Upsert by `(run_id, tool_call_id)`; a stored `idempotency_key`/`effect_summary` survives a null."""
+        ...
+
+    async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        """The ledger record, or `None`."""
+        ...
+
+    async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        """Records still `started`, oldest `started_at` first."""
+        ...
+
+    async def delete_run(self, *, run_id: str) -> None:
+        """Remove the run with its events, snapshots and effects (never shared media); no-op if absent."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release what the store owns (never what the caller passed in)."""
+        ...
+
+    async def __aenter__(self) -> Self: ...
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None: ...

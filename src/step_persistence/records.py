@@ -1,0 +1,189 @@
+"""The four record types every store persists, and their status vocabularies.
+
+Records are immutable pydantic models. Every timestamp is a timezone-aware UTC
+``datetime``: a naive one is rejected with ``ValueError`` and an aware non-UTC
+one is converted to UTC, so ordering by timestamp is ordering by instant.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, Literal, get_args
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic_ai.messages import ModelMessage
+
+from step_persistence._history import EncodedMessage, encode_messages
+
+__all__ = [
+    'ContinuableSnapshot',
+    'EventKind',
+    'RunRecord',
+    'SnapshotState',
+    'StepEvent',
+    'ToolEffectRecord',
+    'ToolEffectStatus',
+    'require_utc',
+    'utc_now',
+]
+
+EventKind = Literal[
+    'run_started',
+    'run_completed',
+    'run_failed',
+    'model_request_started',
+    'model_request_completed',
+    'model_request_failed',
+    'tool_call_started',
+    'tool_call_completed',
+    'tool_call_failed',
+]
+"""What happened at one step boundary."""
+
+SnapshotState = Literal['complete', 'interrupted']
+"""`complete`: every tool call in the history has its result; `interrupted`: some tool work was unsettled."""
+
+ToolEffectStatus = Literal['started', 'completed', 'failed']
+"""Ledger status of one tool call; `started` after a crash means the side effect may or may not have happened."""
+
+EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
+SNAPSHOT_STATES: frozenset[str] = frozenset(get_args(SnapshotState))
+TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(get_args(ToolEffectStatus))
+
+
+def utc_now() -> datetime:
+    """The current instant as an aware UTC datetime."""
+    return datetime.now(UTC)
+
+
+def require_utc(value: datetime) -> datetime:
+    """Return `value` converted to UTC; raise `ValueError` if it is naive."""
+    if value.tzinfo is None or value.tzinfo.utcoffset(value) is None:
+        raise ValueError(f'naive datetime {value.isoformat()} is not allowed: pass a timezone-aware datetime')
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(require_utc)]
+Metadata = dict[str, str]
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(frozen=True, extra='forbid', strict=False)
+
+
+class RunRecord(_Record):
+    """One agent run and its lineage."""
+
+    run_id: str
+    conversation_id: str | None = None
+    """The sequence of runs this one belongs to (pydantic-ai's `conversation_id`)."""
+    parent_run_id: str | None = None
+    """The run that delegated this one, if any."""
+    agent_name: str | None = None
+    metadata: Metadata = Field(default_factory=dict)
+    started_at: UtcDatetime = Field(default_factory=utc_now)
+
+
+class StepEvent(_Record):
+    """One append-only entry of a run's event log."""
+
+    run_id: str
+    kind: EventKind
+    step_index: int
+    timestamp: UtcDatetime = Field(default_factory=utc_now)
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    error: str | None = None
+    """`repr()` of the exception, on failure events."""
+    metadata: Metadata = Field(default_factory=dict)
+    idempotency_key: str | None = None
+    """When set, a second event of the same run with this exact key is not written."""
+
+
+class ContinuableSnapshot(_Record):
+    """The run's message history at one settled point, ready for `Agent.run(message_history=...)`."""
+
+    run_id: str
+    step_index: int
+    messages: list[ModelMessage]
+    conversation_id: str | None = None
+    parent_run_id: str | None = None
+    agent_name: str | None = None
+    timestamp: UtcDatetime = Field(default_factory=utc_now)
+    state: SnapshotState = 'complete'
+    idempotency_key: str | None = None
+    """When set, a second snapshot of the same run with this exact key is not written, even after pruning."""
+    seq: int | None = None
+    """The store-assigned per-run sequence number; `None` on a snapshot not read from a store."""
+
+    _encoded: tuple[EncodedMessage, ...] | None = PrivateAttr(default=None)
+
+    @classmethod
+    def from_encoded(
+        cls,
+        *,
+        run_id: str,
+        step_index: int,
+        messages: list[ModelMessage],
+        encoded: tuple[EncodedMessage, ...],
+        state: SnapshotState,
+        conversation_id: str | None,
+        parent_run_id: str | None,
+        agent_name: str | None,
+        idempotency_key: str | None,
+    ) -> ContinuableSnapshot:
+        """Build a snapshot whose messages are already encoded, without re-validating the history.
+
+        `encoded` must be the encoding of `messages`; stores then write it instead of serializing
+        the whole history again.
+        """
+        snapshot = cls.model_construct(
+            run_id=run_id,
+            step_index=step_index,
+            messages=messages,
+            conversation_id=conversation_id,
+            parent_run_id=parent_run_id,
+            agent_name=agent_name,
+            timestamp=utc_now(),
+            state=state,
+            idempotency_key=idempotency_key,
+            seq=None,
+        )
+        snapshot._encoded = encoded
+        return snapshot
+
+    def encoded_messages(self) -> tuple[EncodedMessage, ...]:
+        """The messages as JSON, reusing the encoding the capability already made when there is one."""
+        if self._encoded is None:
+            self._encoded = encode_messages(self.messages)
+        return self._encoded
+
+
+class ToolEffectRecord(_Record):
+    """The ledger entry of one tool call, keyed by `(run_id, tool_call_id)`."""
+
+    run_id: str
+    tool_call_id: str
+    tool_name: str
+    status: ToolEffectStatus
+    started_at: UtcDatetime = Field(default_factory=utc_now)
+    ended_at: UtcDatetime | None = None
+    idempotency_key: str | None = None
+    """A caller-chosen key for the external side effect, to deduplicate it on replay."""
+    effect_summary: str | None = None
+    """What the tool did (or why it failed), for whoever decides whether to redo it."""
+
+
+def merge_tool_effect(stored: ToolEffectRecord | None, new: ToolEffectRecord) -> ToolEffectRecord:
+    """The record an upsert of `new` over `stored` leaves: `new`, keeping stored annotations it leaves null."""
+    if stored is None:
+        return new
+    return new.model_copy(
+        update={
+            'idempotency_key': new.idempotency_key if new.idempotency_key is not None else stored.idempotency_key,
+            'effect_summary': new.effect_summary if new.effect_summary is not None else stored.effect_summary,
+        }
+    )

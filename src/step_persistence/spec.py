@@ -1,0 +1,49 @@
+"""`from_spec`: build a store from plain values (agent specs, config files, the command line)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from step_persistence.protocol import StepStore
+from step_persistence.stores.memory import InMemoryStepStore
+
+__all__ = ['from_spec', 'supported_backends']
+
+
+def _memory(url: str | None, options: dict[str, Any]) -> StepStore:
+    if url not in (None, 'memory://'):
+        raise ValueError(f'the memory backend takes no location, got {url!r}')
+    return InMemoryStepStore(**options)
+
+
+_BACKENDS: dict[str, Callable[[str | None, dict[str, Any]], StepStore]] = {'memory': _memory}
+_URL_SCHEMES: dict[str, str] = {'memory': 'memory'}
+
+
+def supported_backends() -> list[str]:
+    """Backend names `from_spec` accepts."""
+    return sorted(_BACKENDS)
+
+
+def from_spec(backend: str = 'memory', /, **options: Any) -> StepStore:
+    """Build a store from a backend name or a URL plus keyword options.
+
+    `backend` is a name (`'memory'`, ...) or a URL whose scheme picks the backend. Remaining
+    options go to the store's constructor (e.g. `max_snapshots_per_run=8`). Raises `ValueError`
+    naming the supported backends for anything else.
+    """
+    url: str | None = None
+    name = backend
+    if '://' in backend:
+        url = backend
+        scheme = backend.split('://', 1)[0].split('+', 1)[0].lower()
+        if scheme not in _URL_SCHEMES:
+            raise ValueError(
+                f'unsupported store URL scheme {scheme!r}; supported schemes: {", ".join(sorted(_URL_SCHEMES))}'
+            )
+        name = _URL_SCHEMES[scheme]
+    factory = _BACKENDS.get(name)
+    if factory is None:
+        raise ValueError(f'unknown backend {backend!r}; supported backends: {", ".join(supported_backends())}')
+    return factory(url, options)

@@ -1,0 +1,162 @@
+"""`InMemoryStepStore`: process-local storage with the same semantics as the durable backends."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Self
+
+from step_persistence._history import EncodedMessage, decode_messages
+from step_persistence.records import (
+    ContinuableSnapshot,
+    RunRecord,
+    StepEvent,
+    ToolEffectRecord,
+    merge_tool_effect,
+)
+from step_persistence.retention import retained_seqs, validate_max_snapshots
+
+__all__ = ['InMemoryStepStore']
+
+
+@dataclass
+class _StoredSnapshot:
+    header: ContinuableSnapshot
+    """The snapshot with its `seq` set and its messages left out."""
+    messages: tuple[EncodedMessage, ...]
+
+
+@dataclass
+class _RunData:
+    record: RunRecord
+    registration: int
+    events: list[StepEvent] = field(default_factory=list[StepEvent])
+    event_keys: set[str] = field(default_factory=set[str])
+    snapshots: dict[int, _StoredSnapshot] = field(default_factory=dict[int, _StoredSnapshot])
+    snapshot_keys: set[str] = field(default_factory=set[str])
+    last_seq: int = 0
+    effects: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
+
+
+class InMemoryStepStore:
+    """Keeps everything in this process's memory; for tests and short-lived scripts.
+
+    Snapshots are stored as encoded copies, so mutating a history after saving it never changes
+    what the store returns. Media stays inline.
+    """
+
+    def __init__(self, *, max_snapshots_per_run: int | None = None) -> None:
+        self.max_snapshots_per_run = validate_max_snapshots(max_snapshots_per_run)
+        self._runs: dict[str, _RunData] = {}
+        self._registrations = itertools.count()
+
+    def _run(self, run_id: str) -> _RunData:
+        data = self._runs.get(run_id)
+        if data is None:
+            raise LookupError(f'run {run_id!r} is not registered')
+        return data
+
+    async def register_run(self, record: RunRecord) -> None:
+        if record.run_id in self._runs:
+            raise ValueError(f'run {record.run_id!r} is already registered')
+        self._runs[record.run_id] = _RunData(record=record, registration=next(self._registrations))
+
+    async def get_run(self, *, run_id: str) -> RunRecord | None:
+        data = self._runs.get(run_id)
+        return None if data is None else data.record
+
+    async def list_runs(
+        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+    ) -> list[RunRecord]:
+        matching = [
+            data
+            for data in self._runs.values()
+            if (parent_run_id is None or data.record.parent_run_id == parent_run_id)
+            and (conversation_id is None or data.record.conversation_id == conversation_id)
+        ]
+        matching.sort(key=lambda data: (data.record.started_at, data.registration))
+        return [data.record for data in matching]
+
+    async def append_event(self, event: StepEvent) -> None:
+        data = self._run(event.run_id)
+        if event.idempotency_key is not None:
+            if event.idempotency_key in data.event_keys:
+                return
+            data.event_keys.add(event.idempotency_key)
+        data.events.append(event)
+
+    async def list_events(self, *, run_id: str) -> list[StepEvent]:
+        data = self._runs.get(run_id)
+        return [] if data is None else list(data.events)
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        data = self._run(snapshot.run_id)
+        key = snapshot.idempotency_key
+        if key is not None:
+            if key in data.snapshot_keys:
+                return
+            data.snapshot_keys.add(key)
+        data.last_seq += 1
+        header = snapshot.model_copy(update={'messages': [], 'seq': data.last_seq})
+        data.snapshots[data.last_seq] = _StoredSnapshot(header=header, messages=snapshot.encoded_messages())
+        if self.max_snapshots_per_run is not None:
+            keep = retained_seqs(
+                ((seq, stored.header.state) for seq, stored in data.snapshots.items()), self.max_snapshots_per_run
+            )
+            for seq in [seq for seq in data.snapshots if seq not in keep]:
+                del data.snapshots[seq]
+
+    def _matching(self, run_id: str, include_interrupted: bool) -> list[_StoredSnapshot]:
+        data = self._runs.get(run_id)
+        if data is None:
+            return []
+        return [
+            stored
+            for _, stored in sorted(data.snapshots.items())
+            if include_interrupted or stored.header.state == 'complete'
+        ]
+
+    @staticmethod
+    def _materialize(stored: _StoredSnapshot) -> ContinuableSnapshot:
+        messages = decode_messages([message.tree() for message in stored.messages])
+        return stored.header.model_copy(update={'messages': messages})
+
+    async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
+        matching = self._matching(run_id, include_interrupted)
+        return self._materialize(matching[-1]) if matching else None
+
+    async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        return [self._materialize(stored) for stored in self._matching(run_id, include_interrupted)]
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        data = self._run(record.run_id)
+        data.effects[record.tool_call_id] = merge_tool_effect(data.effects.get(record.tool_call_id), record)
+
+    async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        data = self._runs.get(run_id)
+        return None if data is None else data.effects.get(tool_call_id)
+
+    async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        data = self._runs.get(run_id)
+        if data is None:
+            return []
+        unresolved = [record for record in data.effects.values() if record.status == 'started']
+        return sorted(unresolved, key=lambda record: record.started_at)
+
+    async def delete_run(self, *, run_id: str) -> None:
+        self._runs.pop(run_id, None)
+
+    async def aclose(self) -> None:
+        """Nothing to release: the data lives as long as the store object."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
