@@ -1,7 +1,7 @@
 """The registry of step-store backends that the conformance and capability suites run against.
 
-Each backend builds fresh, empty stores inside a test's private resources (temporary directory,
-database, namespace) and declares its known divergences from the conformance suite.
+Each backend opens a private location per test (temporary directory, database, namespace) and
+makes fresh stores there; durable backends also say how another process opens the same data.
 """
 
 from __future__ import annotations
@@ -16,6 +16,16 @@ import pytest
 from step_persistence import InMemoryStepStore, StepStore
 
 StoreMaker = Callable[..., Any]
+"""`await make(**options)` returns a new store over the test's location."""
+
+
+@dataclass
+class BackendSession:
+    """One test's view of a backend: a store factory and, for durable backends, a `from_spec` spec."""
+
+    make: StoreMaker
+    spec: Callable[..., dict[str, Any]] | None = None
+    """`from_spec(**spec(**options))` opens the same data in another process; `None` if process-local."""
 
 
 @dataclass(frozen=True)
@@ -23,35 +33,34 @@ class Backend:
     """How to open stores of one backend for one test."""
 
     name: str
-    open: Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[StoreMaker]]
-    """Yields `make(**options) -> StepStore`; every store made is closed when the context exits."""
+    open: Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[BackendSession]]
     divergences: Mapping[str, str] = field(default_factory=dict)
     """Conformance test name -> why this backend differs; such tests run as strict xfails."""
 
 
-def closing_maker(
-    build: Callable[..., StepStore],
-) -> Callable[[pytest.FixtureRequest], AbstractAsyncContextManager[StoreMaker]]:
-    """A backend opener for stores that need nothing but their constructor options."""
+@asynccontextmanager
+async def closing(
+    build: Callable[..., StepStore], spec: Callable[..., dict[str, Any]] | None = None
+) -> AsyncIterator[BackendSession]:
+    """A session whose stores are built by `build(**options)` and closed when the test ends."""
+    stores: list[StepStore] = []
 
-    @asynccontextmanager
-    async def open_backend(request: pytest.FixtureRequest) -> AsyncIterator[StoreMaker]:
-        stores: list[StepStore] = []
+    async def make(**options: Any) -> StepStore:
+        store = build(**options)
+        stores.append(store)
+        return store
 
-        async def make(**options: Any) -> StepStore:
-            store = build(**options)
-            stores.append(store)
-            return store
+    try:
+        yield BackendSession(make=make, spec=spec)
+    finally:
+        for store in stores:
+            await store.aclose()
 
-        try:
-            yield make
-        finally:
-            for store in stores:
-                await store.aclose()
 
-    return open_backend
+def _memory(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[BackendSession]:
+    return closing(InMemoryStepStore)
 
 
 BACKENDS: dict[str, Backend] = {
-    'memory': Backend(name='memory', open=closing_maker(InMemoryStepStore)),
+    'memory': Backend(name='memory', open=_memory),
 }

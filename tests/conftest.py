@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
-from backends import BACKENDS, Backend, StoreMaker
+from backends import BACKENDS, Backend, BackendSession, StoreMaker
 
 
 @pytest.fixture
@@ -17,6 +18,28 @@ def backend(request: pytest.FixtureRequest) -> Backend:
 
 
 @pytest.fixture
-async def make_store(backend: Backend, request: pytest.FixtureRequest) -> AsyncIterator[StoreMaker]:
-    async with backend.open(request) as make:
-        yield make
+async def backend_session(backend: Backend, request: pytest.FixtureRequest) -> AsyncIterator[BackendSession]:
+    async with backend.open(request) as session:
+        yield session
+
+
+@pytest.fixture
+def make_store(backend_session: BackendSession) -> StoreMaker:
+    return backend_session.make
+
+
+@pytest.fixture(params=sorted(name for name in BACKENDS if name != 'memory'))
+def durable_backend(request: pytest.FixtureRequest) -> Backend:
+    return BACKENDS[request.param]
+
+
+@pytest.fixture
+async def durable_session(durable_backend: Backend, request: pytest.FixtureRequest) -> AsyncIterator[BackendSession]:
+    async with durable_backend.open(request) as session:
+        assert session.spec is not None, f'{durable_backend.name} must say how another process opens its data'
+        yield session
+
+
+def spec_of(session: BackendSession, **options: Any) -> dict[str, Any]:
+    assert session.spec is not None
+    return session.spec(**options)

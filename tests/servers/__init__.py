@@ -1,0 +1,43 @@
+"""Real servers for the test suite, started by the tests themselves on 127.0.0.1.
+
+Each server is a session-scoped pytest fixture in its own module here. When a server cannot be
+started or reached the tests that need it fail. A developer may opt out locally with
+`STEP_PERSISTENCE_SKIP_SERVERS=postgres,mongo,s3` (or `all`): those tests are then skipped, with
+the reason shown. The opt-out is ignored when `CI` is set, so CI always runs against real servers.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Callable
+
+import pytest
+
+__all__ = ['free_port', 'skip_if_opted_out', 'wait_until']
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(('127.0.0.1', 0))
+        return int(sock.getsockname()[1])
+
+
+def skip_if_opted_out(server: str) -> None:
+    """Skip the requesting test if the developer opted out of `server` (never under CI)."""
+    if os.environ.get('CI'):
+        return
+    opted_out = {name.strip() for name in os.environ.get('STEP_PERSISTENCE_SKIP_SERVERS', '').split(',')}
+    if server in opted_out or 'all' in opted_out:
+        pytest.skip(f'{server} server opted out via STEP_PERSISTENCE_SKIP_SERVERS')
+
+
+def wait_until(check: Callable[[], bool], *, timeout: float, what: str) -> None:
+    """Poll `check` until it returns True; raise `TimeoutError` naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f'{what} did not become ready within {timeout} s')
+        time.sleep(0.05)
