@@ -26,12 +26,13 @@ def supported_backends() -> list[str]:
     return sorted(_BACKENDS)
 
 
-def from_spec(backend: str = 'memory', /, **options: Any) -> StepStore:
+def from_spec(backend: str = 'memory', **options: Any) -> StepStore:
     """Build a store from a backend name or a URL plus keyword options.
 
-    `backend` is a name (`'memory'`, ...) or a URL whose scheme picks the backend. Remaining
-    options go to the store's constructor (e.g. `max_snapshots_per_run=8`). Raises `ValueError`
-    naming the supported backends for anything else.
+    `backend` is a name (`'memory'`, ...) or a URL whose scheme picks the backend; it may be given
+    by keyword, so `from_spec(**{'backend': 'memory', ...})` works for plain config mappings.
+    Remaining options go to the store's constructor (e.g. `max_snapshots_per_run=8`). Raises
+    `ValueError` naming the supported backends for anything else.
     """
     url: str | None = None
     name = backend
