@@ -1,0 +1,31 @@
+"""Every Python example in docs/ and README.md runs as written."""
+
+from __future__ import annotations
+
+import re
+import runpy
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+FENCE = re.compile(r'^```python\n(.*?)^```', re.MULTILINE | re.DOTALL)
+SIGNATURE_ONLY = re.compile(r'^[A-Za-z_]+\($', re.MULTILINE)
+
+
+def examples() -> list[tuple[str, str]]:
+    found: list[tuple[str, str]] = []
+    for page in sorted([*ROOT.joinpath('docs').glob('*.md'), ROOT / 'README.md']):
+        for index, match in enumerate(FENCE.finditer(page.read_text())):
+            code = match.group(1)
+            if not SIGNATURE_ONLY.match(code):
+                found.append((f'{page.name}#{index}', code))
+    return found
+
+
+@pytest.mark.parametrize(('where', 'code'), examples(), ids=[where for where, _ in examples()])
+def test_example_runs(where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / 'example.py'
+    script.write_text(code)
+    runpy.run_path(str(script), run_name='__main__')
