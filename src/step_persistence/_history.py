@@ -11,14 +11,34 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pydantic
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    RetryPromptPart,
+    ToolCallPart,
+    ToolReturnPart,
+)
 
-__all__ = ['EncodedMessage', 'HistoryEncoder', 'decode_messages', 'encode_message', 'encode_messages']
+__all__ = [
+    'EncodedHistory',
+    'EncodedMessage',
+    'HistoryEncoder',
+    'answered_call_ids',
+    'decode_messages',
+    'encode_message',
+    'encode_messages',
+    'pack_refs',
+    'tool_call_ids',
+    'unpack_refs',
+]
 
 MESSAGE_ADAPTER: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(ModelMessage)
 
@@ -51,29 +71,81 @@ def decode_messages(trees: Sequence[Any]) -> list[ModelMessage]:
     return ModelMessagesTypeAdapter.validate_python(list(trees))
 
 
+def tool_call_ids(message: ModelMessage) -> list[str]:
+    """Ids of the function tool calls a response makes (none for a request)."""
+    if not isinstance(message, ModelResponse):
+        return []
+    return [part.tool_call_id for part in message.parts if isinstance(part, ToolCallPart)]
+
+
+def answered_call_ids(message: ModelMessage) -> list[str]:
+    """Ids of the tool calls a request answers, with a return or a retry prompt (none for a response)."""
+    if not isinstance(message, ModelRequest):
+        return []
+    return [
+        part.tool_call_id
+        for part in message.parts
+        if isinstance(part, ToolReturnPart | RetryPromptPart)  # pyright: ignore[reportDeprecated]
+    ]
+
+
+def _follow(pending: dict[str, None], message: ModelMessage) -> None:
+    """Update the ordered set of unanswered tool call ids with one more message."""
+    pending.update(dict.fromkeys(tool_call_ids(message)))
+    for call_id in answered_call_ids(message):
+        pending.pop(call_id, None)
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedHistory:
+    """A history as per-message JSON, with the tool calls it leaves unanswered."""
+
+    messages: tuple[EncodedMessage, ...]
+    unanswered: tuple[str, ...]
+    """Ids of tool calls without a result, in call order."""
+
+
 class HistoryEncoder:
-    """Encodes histories, reusing the encoding of message objects it has already seen.
+    """Encodes successive histories of one run, paying only for the messages each one adds.
 
     Treats a message object as immutable once another message follows it, which is how
     pydantic-ai builds histories: it appends new messages and replaces (never edits) old ones.
     The newest message of a history may still be completed in place, so it is encoded afresh
-    each time it is the newest.
+    each time it is the newest. A history that is not an extension of the previous one (a
+    rewritten history) is re-read, reusing the encoding of every message object seen before.
     """
 
     def __init__(self) -> None:
         self._by_identity: dict[int, tuple[ModelMessage, EncodedMessage]] = {}
+        self._prefix: list[ModelMessage] = []
+        self._prefix_encoded: tuple[EncodedMessage, ...] = ()
+        self._prefix_pending: dict[str, None] = {}
 
-    def encode(self, messages: Sequence[ModelMessage]) -> tuple[EncodedMessage, ...]:
-        """Encode `messages`, paying serialization only for objects not seen before."""
-        encoded: list[EncodedMessage] = []
-        for message in messages[:-1]:
-            known = self._by_identity.get(id(message))
-            if known is None or known[0] is not message:
-                known = (message, encode_message(message))
-                self._by_identity[id(message)] = known
-            encoded.append(known[1])
-        encoded.extend(encode_message(message) for message in messages[-1:])
-        return tuple(encoded)
+    def _encode_settled(self, message: ModelMessage) -> EncodedMessage:
+        known = self._by_identity.get(id(message))
+        if known is None or known[0] is not message:
+            known = (message, encode_message(message))
+            self._by_identity[id(message)] = known
+        return known[1]
+
+    def encode(self, messages: Sequence[ModelMessage]) -> EncodedHistory:
+        """Encode `messages`; the cost follows the messages added since the previous call."""
+        settled = len(messages) - 1
+        known = len(self._prefix)
+        if known > settled or not all(map(operator.is_, self._prefix, messages[:known])):
+            self._prefix, self._prefix_encoded, self._prefix_pending = [], (), {}
+            known = 0
+        if settled > known:
+            added = messages[known:settled]
+            self._prefix_encoded += tuple(self._encode_settled(message) for message in added)
+            for message in added:
+                _follow(self._prefix_pending, message)
+            self._prefix.extend(added)
+        pending = dict(self._prefix_pending)
+        newest = tuple(encode_message(message) for message in messages[settled:])
+        for message in messages[settled:]:
+            _follow(pending, message)
+        return EncodedHistory(messages=self._prefix_encoded + newest, unanswered=tuple(pending))
 
 
 def pack_refs(numbers: Sequence[int]) -> list[list[int]]:

@@ -28,12 +28,13 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 
 from step_persistence._active import ACTIVE_RUN, ActiveRun
 from step_persistence._history import EncodedMessage, HistoryEncoder
-from step_persistence.helpers import snapshot_state, unanswered_tool_call_ids
+from step_persistence.helpers import unanswered_tool_call_ids
 from step_persistence.protocol import StepStore
 from step_persistence.records import (
     ContinuableSnapshot,
     EventKind,
     RunRecord,
+    SnapshotState,
     StepEvent,
     ToolEffectRecord,
     utc_now,
@@ -71,8 +72,8 @@ class _RunState:
     encoder: HistoryEncoder = field(default_factory=HistoryEncoder)
     live_messages: list[ModelMessage] | None = None
     """The run's message history list, as seen by node hooks (the run context's own may be stale)."""
-    last_snapshot: tuple[str, ...] | None = None
-    """Digests of the last snapshot written, to skip an unchanged final one."""
+    last_snapshot: tuple[EncodedMessage, ...] | None = None
+    """The messages of the last snapshot written, to skip an unchanged final one."""
     step: int = 0
     """The latest `run_step` seen by a step-level hook (the run-level context keeps its initial value)."""
     key_counts: dict[str, int] = field(default_factory=dict[str, int])
@@ -255,16 +256,15 @@ class StepPersistence(AbstractCapability[Any]):
         skip_if_unchanged: bool = False,
     ) -> None:
         run = self._run
-        encoded: tuple[EncodedMessage, ...] = run.encoder.encode(messages)
-        digests = tuple(message.digest for message in encoded)
-        if skip_if_unchanged and digests == run.last_snapshot:
+        history = run.encoder.encode(messages)
+        if skip_if_unchanged and history.messages == run.last_snapshot:
             return
-        state = snapshot_state(messages)
+        state: SnapshotState = 'interrupted' if history.unanswered else 'complete'
         snapshot = ContinuableSnapshot.from_encoded(
             run_id=run.run_id,
             step_index=step_index,
             messages=list(messages),
-            encoded=encoded,
+            encoded=history.messages,
             state=state,
             conversation_id=run.conversation_id,
             parent_run_id=run.parent_run_id,
@@ -272,7 +272,7 @@ class StepPersistence(AbstractCapability[Any]):
             idempotency_key=run.key('snapshot', step_index, reason),
         )
         await self._persist_snapshot(ctx, snapshot)
-        run.last_snapshot = digests
+        run.last_snapshot = history.messages
         await ctx.emit(
             SnapshotSaved(run_id=run.run_id, conversation_id=run.conversation_id, step_index=step_index, state=state)
         )

@@ -5,17 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    RetryPromptPart,
-    ToolCallPart,
-    ToolReturnPart,
-)
+from pydantic_ai.messages import ModelMessage
 from pydantic_ai.tools import RunContext
 
 from step_persistence._active import ACTIVE_RUN
+from step_persistence._history import answered_call_ids, tool_call_ids
 from step_persistence.protocol import StepStore
 from step_persistence.records import ContinuableSnapshot, SnapshotState, ToolEffectRecord
 
@@ -31,27 +25,13 @@ __all__ = [
 ]
 
 
-def _answered_ids(request: ModelRequest) -> list[str]:
-    return [
-        part.tool_call_id
-        for part in request.parts
-        if isinstance(part, ToolReturnPart | RetryPromptPart)  # pyright: ignore[reportDeprecated]
-    ]
-
-
-def _call_ids(response: ModelResponse) -> list[str]:
-    return [part.tool_call_id for part in response.parts if isinstance(part, ToolCallPart)]
-
-
 def unanswered_tool_call_ids(messages: Sequence[ModelMessage]) -> list[str]:
     """Ids of tool calls in `messages` that no later request answers, in call order."""
     pending: dict[str, None] = {}
     for message in messages:
-        if isinstance(message, ModelResponse):
-            pending.update(dict.fromkeys(_call_ids(message)))
-        else:
-            for tool_call_id in _answered_ids(message):
-                pending.pop(tool_call_id, None)
+        pending.update(dict.fromkeys(tool_call_ids(message)))
+        for call_id in answered_call_ids(message):
+            pending.pop(call_id, None)
     return list(pending)
 
 
@@ -64,13 +44,11 @@ def is_provider_valid(messages: Sequence[ModelMessage]) -> bool:
     """Whether a provider would accept `messages` as history: every tool call answered once, no orphan results."""
     pending: set[str] = set()
     for message in messages:
-        if isinstance(message, ModelResponse):
-            pending.update(_call_ids(message))
-            continue
-        for tool_call_id in _answered_ids(message):
-            if tool_call_id not in pending:
+        pending.update(tool_call_ids(message))
+        for call_id in answered_call_ids(message):
+            if call_id not in pending:
                 return False
-            pending.discard(tool_call_id)
+            pending.discard(call_id)
     return not pending
 
 
