@@ -7,12 +7,12 @@ import random
 from typing import Any
 
 import pytest
-from backends import StoreMaker
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.messages import ModelRequest, ToolReturnPart
+
+from backends import StoreMaker
 from recording import RecordingStore
 from scripted import calls, scripted, text
-
 from step_persistence import StepPersistence, StepStore, inspect_recovery
 
 pytestmark = pytest.mark.anyio

@@ -9,11 +9,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic_ai import Agent
+
 from backends import BackendSession
 from conftest import spec_of
-from pydantic_ai import Agent
 from scripted import text
-
 from step_persistence import continue_run, from_spec, inspect_recovery, is_provider_valid
 
 pytestmark = pytest.mark.anyio

@@ -6,12 +6,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from backends import StoreMaker
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, ToolReturnPart
-from scripted import calls, scripted, text
 
+from backends import StoreMaker
+from scripted import calls, scripted, text
 from step_persistence import (
     SnapshotSaved,
     StepPersistence,

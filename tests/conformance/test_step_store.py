@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 import pytest
-from backends import Backend
 
+from backends import Backend
 from step_persistence.testing import StepStoreConformance
 
 
