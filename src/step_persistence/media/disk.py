@@ -1,0 +1,132 @@
+"""`DiskMediaStore`: one file per blob under a directory, metadata in a sidecar JSON file."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self
+
+import anyio.to_thread
+
+from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url
+from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver
+from step_persistence.media.uri import check_digest, media_uri_for
+
+__all__ = ['DiskMediaStore']
+
+_SIDECAR_SUFFIX = '.meta.json'
+_SIDECAR_VERSION = 1
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write `data` to a temporary file beside `path`, flush it to disk, then rename it over `path`."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f'.{path.name}.', suffix='.tmp')
+    try:
+        with os.fdopen(fd, 'wb') as file:
+            file.write(data)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+class DiskMediaStore:
+    """Blobs as files: `<directory>/<key>` (default key `<sha256>.bin`), metadata in `<key>.meta.json`.
+
+    Writes are atomic (temporary file, then rename), sidecar first and blob last, so a blob that
+    exists always has its metadata. Blocking file I/O runs in a worker thread. A key strategy
+    that yields an absolute path or a `..` segment is rejected with `ValueError`.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        key_strategy: KeyStrategy = default_key_strategy,
+        public_url: PublicUrlResolver | None = None,
+    ) -> None:
+        self.directory = Path(directory)
+        self._key_strategy = key_strategy
+        self._public_url = public_url
+
+    def path_for(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Path:
+        """The file that holds (or would hold) the blob at `uri`."""
+        key = blob_key(self._key_strategy, uri, context)
+        if key.endswith(_SIDECAR_SUFFIX):
+            raise ValueError(f'key strategy returned {key!r}; keys ending in {_SIDECAR_SUFFIX!r} are reserved')
+        return self.directory.joinpath(*key.split('/'))
+
+    @staticmethod
+    def _sidecar(path: Path) -> Path:
+        return path.with_name(path.name + _SIDECAR_SUFFIX)
+
+    async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
+        uri = media_uri_for(data)
+        path = self.path_for(uri, context=context)
+        sidecar = {
+            'v': _SIDECAR_VERSION,
+            'uri': uri,
+            'media_type': context.media_type,
+            'filename': context.filename,
+            'metadata': dict(context.metadata),
+        }
+
+        def write() -> None:
+            if path.exists():
+                return
+            _write_atomically(self._sidecar(path), json.dumps(sidecar, ensure_ascii=False).encode('utf-8'))
+            _write_atomically(path, bytes(data))
+
+        await anyio.to_thread.run_sync(write)
+        return uri
+
+    async def get(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bytes:
+        path = self.path_for(uri, context=context)
+        try:
+            data = await anyio.to_thread.run_sync(path.read_bytes)
+        except FileNotFoundError:
+            raise FileNotFoundError(f'blob {uri} is not in {self.directory}') from None
+        return check_digest(uri, data)
+
+    async def exists(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        return await anyio.to_thread.run_sync(self.path_for(uri, context=context).is_file)
+
+    async def public_url(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str | None:
+        return await resolve_public_url(self._public_url, uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Mapping[str, str]:
+        path = self.path_for(uri, context=context)
+
+        def read() -> Any:
+            if not path.is_file():
+                raise FileNotFoundError(f'blob {uri} is not in {self.directory}')
+            try:
+                return json.loads(self._sidecar(path).read_bytes())
+            except FileNotFoundError:
+                return {'metadata': {}}
+
+        sidecar = await anyio.to_thread.run_sync(read)
+        metadata = sidecar.get('metadata') if isinstance(sidecar, dict) else None
+        if not isinstance(metadata, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
+        ):
+            raise ValueError(f'metadata sidecar of blob {uri} is malformed')
+        return metadata
+
+    async def aclose(self) -> None:
+        """Nothing to release; here so every media store can be closed the same way."""
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,64 @@
+"""Where blobs live (key strategies) and how they are reached from outside (public URLs)."""
+
+from __future__ import annotations
+
+import inspect
+from urllib.parse import quote
+
+from step_persistence.media.protocol import KeyStrategy, MediaContext, PublicUrlResolver
+from step_persistence.media.uri import parse_media_uri
+
+__all__ = ['blob_key', 'default_key_strategy', 'make_static_public_url', 'resolve_public_url']
+
+
+def default_key_strategy(digest: str, context: MediaContext) -> str:
+    """`<sha256>.bin`: one flat namespace, independent of the context."""
+    return f'{digest}.bin'
+
+
+def blob_key(key_strategy: KeyStrategy, uri: str, context: MediaContext) -> str:
+    """The key `key_strategy` gives the blob at `uri`, checked to be a safe relative path.
+
+    Raises `ValueError` for a malformed URI and for a key that is empty, absolute (`/x`, `\\x`,
+    `C:x`), contains NUL or backslashes, or has an empty, `.` or `..` segment.
+    """
+    key = key_strategy(parse_media_uri(uri), context)
+    if not isinstance(key, str) or not key:
+        raise ValueError(f'key strategy returned {key!r}; a key must be a non-empty str')
+    if '\x00' in key or '\\' in key:
+        raise ValueError(f'key strategy returned {key!r}; a key may not contain NUL or backslashes')
+    if key.startswith('/') or (len(key) > 1 and key[1] == ':'):
+        raise ValueError(f'key strategy returned the absolute path {key!r}; keys must be relative')
+    if any(segment in ('', '.', '..') for segment in key.split('/')):
+        raise ValueError(f'key strategy returned {key!r}; empty, "." and ".." segments are not allowed')
+    return key
+
+
+def make_static_public_url(
+    base: str, key_prefix: str = '', *, key_strategy: KeyStrategy = default_key_strategy
+) -> PublicUrlResolver:
+    """A resolver for blobs served as static files: `<base>/<key_prefix><key>`.
+
+    Use the same `key_strategy` (and the S3 store's `key_prefix`) as the store whose files or
+    objects `base` serves, e.g. `make_static_public_url('https://cdn.example.com', 'media/')`
+    for an `S3MediaStore(..., key_prefix='media/')` behind that CDN. The key is percent-encoded
+    per path segment.
+    """
+    root = base.rstrip('/')
+
+    def resolve(uri: str, context: MediaContext) -> str:
+        key = blob_key(key_strategy, uri, context)
+        return f'{root}/{quote(key_prefix + key, safe="/")}'
+
+    return resolve
+
+
+async def resolve_public_url(resolver: PublicUrlResolver | None, uri: str, context: MediaContext) -> str | None:
+    """Run a sync or async resolver (after checking `uri`); `None` when there is no resolver."""
+    parse_media_uri(uri)
+    if resolver is None:
+        return None
+    url = resolver(uri, context)
+    if inspect.isawaitable(url):
+        url = await url
+    return url

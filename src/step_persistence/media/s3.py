@@ -1,0 +1,255 @@
+"""`S3MediaStore`: blobs as objects of an S3-compatible bucket (AWS S3, Cloudflare R2, MinIO, ...).
+
+Requests are path-style (`<endpoint>/<bucket>/<key>`) and signed with SigV4 by `sigv4`; the HTTP
+client (`httpx2`, the client pydantic-ai itself uses) is imported only when a store is created,
+so `import step_persistence.media` works without the `s3` extra.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+from urllib.parse import quote, unquote, urlsplit
+
+import anyio
+
+from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url
+from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver
+from step_persistence.media.sigv4 import EMPTY_SHA256, Credentials, encode_path, sign
+from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
+
+if TYPE_CHECKING:
+    import httpx2
+
+__all__ = ['S3Error', 'S3MediaStore']
+
+_META_PREFIX = 'x-amz-meta-'
+_META_KEY = re.compile(r'[a-z0-9][a-z0-9_-]*')
+_META_VALUE_SAFE = ''.join(chr(c) for c in range(0x21, 0x7F) if chr(c) != '%')
+"""Printable ASCII but `%` (and space) stays as is in a metadata header value; the rest is percent-encoded."""
+_RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
+_ERROR_CODE = re.compile(rb'<Code>([^<]{1,100})</Code>')
+
+
+class S3Error(RuntimeError):
+    """An S3 request failed: `status` is the HTTP status (`None` for a connection error), `code` S3's error code."""
+
+    def __init__(self, message: str, *, status: int | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+
+
+def _import_httpx2() -> Any:
+    try:
+        import httpx2
+    except ImportError as error:
+        raise ImportError(
+            "S3MediaStore needs an HTTP client that is not installed: pip install 'step-persistence[s3]'"
+        ) from error
+    return httpx2
+
+
+def _encode_metadata(metadata: Mapping[str, str]) -> dict[str, str]:
+    """User metadata as `x-amz-meta-*` headers; `ValueError` for keys that S3 would not give back as written."""
+    headers = {}
+    for key, value in metadata.items():
+        if not _META_KEY.fullmatch(key):
+            raise ValueError(
+                f'S3 metadata key {key!r} is not allowed: use lowercase ASCII letters, digits, "-" and "_", '
+                'starting with a letter or digit (S3 lowercases keys and sends them as HTTP headers)'
+            )
+        headers[_META_PREFIX + key] = quote(value, safe=_META_VALUE_SAFE)
+    return headers
+
+
+def _decode_metadata(headers: Mapping[str, str]) -> dict[str, str]:
+    return {
+        name[len(_META_PREFIX) :]: unquote(value)
+        for name, value in headers.items()
+        if name.lower().startswith(_META_PREFIX)
+    }
+
+
+def _error_code(response: httpx2.Response) -> str | None:
+    """S3's error code (`NoSuchKey`, `SignatureDoesNotMatch`, ...) from an error response's XML body."""
+    match = _ERROR_CODE.search(response.content)
+    return match.group(1).decode('utf-8', 'replace') if match else None
+
+
+class S3MediaStore:
+    """Blobs as objects `<key_prefix><key>` (default key `<sha256>.bin`) in `bucket` at `endpoint`.
+
+    `endpoint` is the service URL (`https://s3.us-east-1.amazonaws.com`, an R2 account URL with
+    `region='auto'`, `http://127.0.0.1:9000` for MinIO); requests are path-style and signed with
+    SigV4, with `session_token` for temporary credentials. `Content-Type` is the context's
+    `media_type`, its `filename` becomes `Content-Disposition`, and user metadata travels as
+    `x-amz-meta-*` headers: keys must be lowercase `[a-z0-9][a-z0-9_-]*`, values are any text
+    (percent-encoded on the wire where they are not printable ASCII), and S3 caps the total at
+    2 KB. Requests failing with 429/5xx or a connection error are retried `max_attempts` times
+    in all, with exponential backoff and jitter starting at `backoff_seconds`.
+
+    One HTTP client serves every request. A `client` passed in (an `httpx2.AsyncClient`) is
+    used as is and never closed; a store that created its own closes it in `aclose()`.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        endpoint: str,
+        region: str,
+        access_key_id: str,
+        secret_access_key: str,
+        key_prefix: str = '',
+        *,
+        session_token: str | None = None,
+        client: httpx2.AsyncClient | None = None,
+        key_strategy: KeyStrategy = default_key_strategy,
+        public_url: PublicUrlResolver | None = None,
+        max_attempts: int = 4,
+        backoff_seconds: float = 0.2,
+        timeout_seconds: float = 60.0,
+    ) -> None:
+        httpx = _import_httpx2()
+        parts = urlsplit(endpoint)
+        if parts.scheme not in ('http', 'https') or not parts.netloc or parts.query or parts.fragment:
+            raise ValueError(f'endpoint must be an http(s) URL without query or fragment, got {endpoint!r}')
+        if not bucket or '/' in bucket:
+            raise ValueError(f'bucket must be a bucket name, got {bucket!r}')
+        if key_prefix.startswith('/'):
+            raise ValueError(f'key_prefix must not start with "/", got {key_prefix!r}')
+        if max_attempts < 1:
+            raise ValueError(f'max_attempts must be >= 1, got {max_attempts!r}')
+        self.bucket = bucket
+        self.endpoint = endpoint.rstrip('/')
+        self.region = region
+        self.key_prefix = key_prefix
+        self._origin = f'{parts.scheme}://{parts.netloc}'
+        self._host = parts.netloc
+        self._base_path = parts.path.rstrip('/')
+        self._credentials = Credentials(access_key_id, secret_access_key, session_token)
+        self._key_strategy = key_strategy
+        self._public_url = public_url
+        self._max_attempts = max_attempts
+        self._backoff = backoff_seconds
+        self._owns_client = client is None
+        self._client: httpx2.AsyncClient = client if client is not None else httpx.AsyncClient(timeout=timeout_seconds)
+        self._httpx = httpx
+
+    def key_for(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str:
+        """The object key of the blob at `uri` (with `key_prefix`)."""
+        return self.key_prefix + blob_key(self._key_strategy, uri, context)
+
+    async def _request(
+        self,
+        method: str,
+        key: str,
+        *,
+        body: bytes = b'',
+        payload_sha256: str = EMPTY_SHA256,
+        headers: Mapping[str, str] | None = None,
+    ) -> httpx2.Response:
+        """Send a signed request for `key` (retrying transient failures); the final response."""
+        path = encode_path(f'{self._base_path}/{self.bucket}/{key}')
+        base_headers = {'host': self._host, 'x-amz-content-sha256': payload_sha256, **(headers or {})}
+        attempt = 1
+        while True:
+            signed = {
+                **base_headers,
+                **sign(
+                    method=method,
+                    path=path,
+                    headers=base_headers,
+                    payload_sha256=payload_sha256,
+                    credentials=self._credentials,
+                    region=self.region,
+                ),
+            }
+            try:
+                response = await self._client.request(method, self._origin + path, content=body, headers=signed)
+            except self._httpx.TransportError as error:
+                if attempt == self._max_attempts:
+                    raise S3Error(
+                        f'S3 {method} {self.bucket}/{key} failed after {attempt} attempts: {error!r}'
+                    ) from error
+            else:
+                if response.status_code not in _RETRY_STATUSES or attempt == self._max_attempts:
+                    return response
+            await anyio.sleep(self._backoff * 2 ** (attempt - 1) * (0.5 + random.random()))
+            attempt += 1
+
+    def _error(self, method: str, key: str, response: httpx2.Response) -> S3Error:
+        code = _error_code(response)
+        hint = ''
+        if response.status_code == 403:
+            hint = " (check the access key id, secret access key and region, and the key's rights on the bucket)"
+        return S3Error(
+            f'S3 {method} {self.bucket}/{key} failed: HTTP {response.status_code} {code or ""}{hint}'.rstrip(),
+            status=response.status_code,
+            code=code,
+        )
+
+    async def _head(self, uri: str, context: MediaContext) -> httpx2.Response | None:
+        key = self.key_for(uri, context=context)
+        response = await self._request('HEAD', key)
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise self._error('HEAD', key, response)
+        return response
+
+    async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
+        uri = media_uri_for(data)
+        if await self._head(uri, context) is not None:
+            return uri
+        key = self.key_for(uri, context=context)
+        headers = {
+            'content-type': context.media_type or 'application/octet-stream',
+            'if-none-match': '*',
+            **_encode_metadata(context.metadata),
+        }
+        if context.filename is not None:
+            headers['content-disposition'] = f"inline; filename*=UTF-8''{quote(context.filename, safe='')}"
+        response = await self._request(
+            'PUT', key, body=bytes(data), payload_sha256=parse_media_uri(uri), headers=headers
+        )
+        if response.status_code not in (200, 412):
+            raise self._error('PUT', key, response)
+        return uri
+
+    async def get(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bytes:
+        key = self.key_for(uri, context=context)
+        response = await self._request('GET', key)
+        if response.status_code == 404 and _error_code(response) in (None, 'NoSuchKey'):
+            raise FileNotFoundError(f'blob {uri} is not in s3 bucket {self.bucket} (key {key})')
+        if response.status_code != 200:
+            raise self._error('GET', key, response)
+        return check_digest(uri, response.content)
+
+    async def exists(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        return await self._head(uri, context) is not None
+
+    async def public_url(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str | None:
+        return await resolve_public_url(self._public_url, uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Mapping[str, str]:
+        response = await self._head(uri, context)
+        if response is None:
+            raise FileNotFoundError(f'blob {uri} is not in s3 bucket {self.bucket}')
+        return _decode_metadata(response.headers)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client if this store created it."""
+        if self._owns_client:
+            await self._client.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
