@@ -1,0 +1,147 @@
+"""Base schema: runs, events, messages, snapshots (without `state`), snapshot keys, tool effects, media.
+
+Revision ID: 0001
+Revises:
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+from step_persistence.stores.sql.types import JSON_DOCUMENT, DateTimeUTC, EncodedJSON
+
+revision = '0001'
+down_revision: str | None = None
+branch_labels: str | None = None
+depends_on: str | None = None
+
+SERIAL = sa.BigInteger().with_variant(sa.Integer(), 'sqlite')
+
+
+def _run_fk(table: str) -> sa.ForeignKeyConstraint:
+    return sa.ForeignKeyConstraint(['run_id'], ['runs.run_id'], name=f'fk_{table}_run_id_runs', ondelete='CASCADE')
+
+
+def upgrade() -> None:
+    op.create_table(
+        'runs',
+        sa.Column('id', SERIAL, primary_key=True, autoincrement=True),
+        sa.Column('run_id', sa.String(), nullable=False),
+        sa.Column('conversation_id', sa.String(), nullable=True),
+        sa.Column('parent_run_id', sa.String(), nullable=True),
+        sa.Column('agent_name', sa.String(), nullable=True),
+        sa.Column('metadata', JSON_DOCUMENT, nullable=False),
+        sa.Column('started_at', DateTimeUTC(), nullable=False),
+        sa.Column('last_snapshot_seq', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+        sa.Column('last_message_no', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
+        sa.PrimaryKeyConstraint('id', name='pk_runs'),
+        sa.UniqueConstraint('run_id', name='uq_runs_run_id'),
+    )
+    op.create_index('ix_runs_started_at_id', 'runs', ['started_at', 'id'])
+    op.create_index('ix_runs_conversation_id_started_at_id', 'runs', ['conversation_id', 'started_at', 'id'])
+    op.create_index('ix_runs_parent_run_id_started_at_id', 'runs', ['parent_run_id', 'started_at', 'id'])
+
+    op.create_table(
+        'events',
+        sa.Column('id', SERIAL, primary_key=True, autoincrement=True),
+        sa.Column('run_id', sa.String(), nullable=False),
+        sa.Column('kind', sa.String(), nullable=False),
+        sa.Column('step_index', sa.Integer(), nullable=False),
+        sa.Column('timestamp', DateTimeUTC(), nullable=False),
+        sa.Column('conversation_id', sa.String(), nullable=True),
+        sa.Column('parent_run_id', sa.String(), nullable=True),
+        sa.Column('agent_name', sa.String(), nullable=True),
+        sa.Column('tool_call_id', sa.String(), nullable=True),
+        sa.Column('tool_name', sa.String(), nullable=True),
+        sa.Column('error', sa.Text(), nullable=True),
+        sa.Column('metadata', JSON_DOCUMENT, nullable=False),
+        sa.Column('idempotency_key', sa.String(), nullable=True),
+        sa.PrimaryKeyConstraint('id', name='pk_events'),
+        _run_fk('events'),
+    )
+    op.create_index('ix_events_run_id_id', 'events', ['run_id', 'id'])
+    key_is_set = sa.text('idempotency_key IS NOT NULL')
+    op.create_index(
+        'uq_events_run_id_idempotency_key',
+        'events',
+        ['run_id', 'idempotency_key'],
+        unique=True,
+        sqlite_where=key_is_set,
+        postgresql_where=key_is_set,
+    )
+
+    op.create_table(
+        'messages',
+        sa.Column('run_id', sa.String(), nullable=False),
+        sa.Column('no', sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column('digest', sa.String(64), nullable=False),
+        sa.Column('body', EncodedJSON(), nullable=False),
+        sa.PrimaryKeyConstraint('run_id', 'no', name='pk_messages'),
+        sa.UniqueConstraint('run_id', 'digest', name='uq_messages_run_id_digest'),
+        _run_fk('messages'),
+    )
+
+    op.create_table(
+        'snapshots',
+        sa.Column('run_id', sa.String(), nullable=False),
+        sa.Column('seq', sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column('step_index', sa.Integer(), nullable=False),
+        sa.Column('timestamp', DateTimeUTC(), nullable=False),
+        sa.Column('conversation_id', sa.String(), nullable=True),
+        sa.Column('parent_run_id', sa.String(), nullable=True),
+        sa.Column('agent_name', sa.String(), nullable=True),
+        sa.Column('idempotency_key', sa.String(), nullable=True),
+        sa.Column('message_refs', JSON_DOCUMENT, nullable=False),
+        sa.PrimaryKeyConstraint('run_id', 'seq', name='pk_snapshots'),
+        _run_fk('snapshots'),
+    )
+
+    op.create_table(
+        'snapshot_keys',
+        sa.Column('run_id', sa.String(), nullable=False),
+        sa.Column('idempotency_key', sa.String(), nullable=False),
+        sa.PrimaryKeyConstraint('run_id', 'idempotency_key', name='pk_snapshot_keys'),
+        _run_fk('snapshot_keys'),
+    )
+
+    op.create_table(
+        'tool_effects',
+        sa.Column('run_id', sa.String(), nullable=False),
+        sa.Column('tool_call_id', sa.String(), nullable=False),
+        sa.Column('tool_name', sa.String(), nullable=False),
+        sa.Column('status', sa.String(), nullable=False),
+        sa.Column('started_at', DateTimeUTC(), nullable=False),
+        sa.Column('ended_at', DateTimeUTC(), nullable=True),
+        sa.Column('idempotency_key', sa.String(), nullable=True),
+        sa.Column('effect_summary', sa.Text(), nullable=True),
+        sa.PrimaryKeyConstraint('run_id', 'tool_call_id', name='pk_tool_effects'),
+        _run_fk('tool_effects'),
+    )
+    op.create_index('ix_tool_effects_run_id_status_started_at', 'tool_effects', ['run_id', 'status', 'started_at'])
+
+    op.create_table(
+        'media',
+        sa.Column('digest', sa.String(64), nullable=False),
+        sa.Column('data', sa.LargeBinary(), nullable=False),
+        sa.Column('media_type', sa.String(), nullable=True),
+        sa.Column('metadata', JSON_DOCUMENT, nullable=False),
+        sa.Column('created_at', DateTimeUTC(), nullable=False),
+        sa.PrimaryKeyConstraint('digest', name='pk_media'),
+    )
+
+
+def downgrade() -> None:
+    op.drop_table('media')
+    op.drop_index('ix_tool_effects_run_id_status_started_at', table_name='tool_effects')
+    op.drop_table('tool_effects')
+    op.drop_table('snapshot_keys')
+    op.drop_table('snapshots')
+    op.drop_table('messages')
+    op.drop_index('uq_events_run_id_idempotency_key', table_name='events')
+    op.drop_index('ix_events_run_id_id', table_name='events')
+    op.drop_table('events')
+    op.drop_index('ix_runs_parent_run_id_started_at_id', table_name='runs')
+    op.drop_index('ix_runs_conversation_id_started_at_id', table_name='runs')
+    op.drop_index('ix_runs_started_at_id', table_name='runs')
+    op.drop_table('runs')

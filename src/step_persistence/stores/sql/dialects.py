@@ -1,0 +1,82 @@
+"""The dialects and async drivers the SQL store supports, and what differs between them."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.sql.expression import TableClause
+
+DialectInsert = sqlite.Insert | postgresql.Insert
+
+__all__ = [
+    'SUPPORTED_DRIVERS',
+    'DialectInsert',
+    'check_dialect',
+    'dialect_insert',
+    'redact',
+    'require_asyncpg',
+    'resolve_url',
+]
+
+SUPPORTED_DRIVERS: dict[str, str] = {'postgresql': 'asyncpg', 'sqlite': 'aiosqlite'}
+"""Dialect name -> the async driver the store uses with it (event-loop friendly)."""
+
+
+def _supported() -> str:
+    return ', '.join(f'{name} ({name}+{driver}://)' for name, driver in sorted(SUPPORTED_DRIVERS.items()))
+
+
+def redact(url: str | URL) -> str:
+    """The URL as text with any password masked, for errors and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return '<unparseable database URL>'
+
+
+def check_dialect(dialect_name: str, driver: str, *, where: str) -> None:
+    """Raise `ValueError` unless `dialect_name`/`driver` is a supported pair; `where` names the source."""
+    if dialect_name not in SUPPORTED_DRIVERS:
+        raise ValueError(f'unsupported database dialect {dialect_name!r} in {where}; supported: {_supported()}')
+    expected = SUPPORTED_DRIVERS[dialect_name]
+    if driver != expected:
+        raise ValueError(
+            f'unsupported driver {driver!r} for {dialect_name} in {where}: the store needs the async driver '
+            f'{expected!r}; supported: {_supported()}'
+        )
+
+
+def require_asyncpg() -> None:
+    """Raise `ImportError` naming the extra to install when asyncpg is missing."""
+    if importlib.util.find_spec('asyncpg') is None:
+        raise ImportError(
+            'PostgreSQL support needs asyncpg, which is not installed: '
+            'pip install "step-persistence[postgres]" (the step-persistence[postgres] extra)'
+        )
+
+
+def resolve_url(url: str | URL) -> URL:
+    """Parse `url`, filling in the async driver (`sqlite://` -> `sqlite+aiosqlite://`, ...).
+
+    Raises `ValueError` (naming the supported dialects) for any other dialect or driver, and
+    `ImportError` naming the extra when the PostgreSQL driver is not installed.
+    """
+    try:
+        parsed = make_url(url)
+    except Exception as error:
+        raise ValueError(f'not a database URL: {redact(url)}') from error
+    backend = parsed.get_backend_name()
+    if backend in SUPPORTED_DRIVERS and '+' not in parsed.drivername:
+        parsed = parsed.set(drivername=f'{backend}+{SUPPORTED_DRIVERS[backend]}')
+    check_dialect(backend, parsed.get_driver_name(), where=f'URL {redact(parsed)}')
+    if backend == 'postgresql':
+        require_asyncpg()
+    return parsed
+
+
+def dialect_insert(dialect_name: str) -> Callable[[TableClause], DialectInsert]:
+    """The dialect's `insert()` construct, which has `on_conflict_do_nothing/update`."""
+    return postgresql.insert if dialect_name == 'postgresql' else sqlite.insert

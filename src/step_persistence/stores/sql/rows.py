@@ -1,0 +1,109 @@
+"""Records to table rows and back; reading validates, so a bad stored value raises `ValueError`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from sqlalchemy import Text, cast
+from sqlalchemy.sql.elements import ColumnElement
+
+from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
+
+__all__ = [
+    'EVENT_COLUMNS',
+    'RUN_COLUMNS',
+    'SNAPSHOT_HEADER_COLUMNS',
+    'TOOL_EFFECT_COLUMNS',
+    'event_from_row',
+    'event_values',
+    'run_from_row',
+    'run_values',
+    'snapshot_header_from_row',
+    'snapshot_values',
+    'tool_effect_from_row',
+    'tool_effect_values',
+]
+
+_RUN_FIELDS = ('run_id', 'conversation_id', 'parent_run_id', 'agent_name', 'metadata', 'started_at')
+_EVENT_FIELDS = (
+    'run_id',
+    'kind',
+    'step_index',
+    'timestamp',
+    'conversation_id',
+    'parent_run_id',
+    'agent_name',
+    'tool_call_id',
+    'tool_name',
+    'error',
+    'metadata',
+    'idempotency_key',
+)
+_SNAPSHOT_FIELDS = (
+    'run_id',
+    'seq',
+    'step_index',
+    'timestamp',
+    'conversation_id',
+    'parent_run_id',
+    'agent_name',
+    'idempotency_key',
+    'state',
+)
+_TOOL_EFFECT_FIELDS = (
+    'run_id',
+    'tool_call_id',
+    'tool_name',
+    'status',
+    'started_at',
+    'ended_at',
+    'idempotency_key',
+    'effect_summary',
+)
+
+RUN_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(runs.c[name] for name in _RUN_FIELDS)
+EVENT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(events.c[name] for name in _EVENT_FIELDS)
+TOOL_EFFECT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(tool_effects.c[name] for name in _TOOL_EFFECT_FIELDS)
+SNAPSHOT_HEADER_COLUMNS: tuple[ColumnElement[Any], ...] = (
+    *(snapshots.c[name] for name in _SNAPSHOT_FIELDS),
+    cast(snapshots.c.message_refs, Text).label('message_refs'),
+)
+"""A snapshot row without its messages; `message_refs` comes back as JSON text, parsed when read."""
+
+
+def run_values(record: RunRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in _RUN_FIELDS}
+
+
+def run_from_row(row: Mapping[str, Any]) -> RunRecord:
+    return RunRecord.model_validate({name: row[name] for name in _RUN_FIELDS})
+
+
+def event_values(event: StepEvent) -> dict[str, Any]:
+    return {name: getattr(event, name) for name in _EVENT_FIELDS}
+
+
+def event_from_row(row: Mapping[str, Any]) -> StepEvent:
+    return StepEvent.model_validate({name: row[name] for name in _EVENT_FIELDS})
+
+
+def tool_effect_values(record: ToolEffectRecord) -> dict[str, Any]:
+    return {name: getattr(record, name) for name in _TOOL_EFFECT_FIELDS}
+
+
+def tool_effect_from_row(row: Mapping[str, Any]) -> ToolEffectRecord:
+    return ToolEffectRecord.model_validate({name: row[name] for name in _TOOL_EFFECT_FIELDS})
+
+
+def snapshot_values(snapshot: ContinuableSnapshot, *, seq: int, message_refs: list[list[int]]) -> dict[str, Any]:
+    values = {name: getattr(snapshot, name) for name in _SNAPSHOT_FIELDS if name != 'seq'}
+    return {**values, 'seq': seq, 'message_refs': message_refs}
+
+
+def snapshot_header_from_row(row: Mapping[str, Any]) -> tuple[ContinuableSnapshot, Any]:
+    """The snapshot without messages, and its parsed (not yet checked) message references."""
+    header = ContinuableSnapshot.model_validate({**{name: row[name] for name in _SNAPSHOT_FIELDS}, 'messages': []})
+    return header, json.loads(row['message_refs'])

@@ -1,0 +1,226 @@
+"""The SQL schema, declared once for SQLite and PostgreSQL (see docs/sql.md for a table reference).
+
+Every constraint and index has a stable name (`MetaData(naming_convention=...)`), so migrations
+refer to them identically on both dialects. The migrations in `step_persistence.migrations`
+create exactly this schema; a test checks that they agree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from step_persistence.stores.sql.types import JSON_DOCUMENT, DateTimeUTC, EncodedJSON
+
+__all__ = [
+    'NAMING_CONVENTION',
+    'TABLE_NAMES',
+    'VERSION_TABLE',
+    'Base',
+    'Event',
+    'Media',
+    'Message',
+    'Run',
+    'Snapshot',
+    'SnapshotKey',
+    'ToolEffect',
+    'events',
+    'include_name',
+    'media',
+    'messages',
+    'runs',
+    'snapshot_keys',
+    'snapshots',
+    'tool_effects',
+]
+
+NAMING_CONVENTION: dict[str, str] = {
+    'ix': 'ix_%(table_name)s_%(column_0_N_name)s',
+    'uq': 'uq_%(table_name)s_%(column_0_N_name)s',
+    'ck': 'ck_%(table_name)s_%(constraint_name)s',
+    'fk': 'fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s',
+    'pk': 'pk_%(table_name)s',
+}
+
+VERSION_TABLE = 'step_persistence_alembic_version'
+"""Alembic's version table for this library's migrations, distinct from an application's own."""
+
+SERIAL = BigInteger().with_variant(Integer(), 'sqlite')
+"""An auto-incrementing key: `BIGSERIAL` on PostgreSQL, SQLite's `INTEGER PRIMARY KEY` rowid."""
+
+IDEMPOTENCY_KEY_SET = text('idempotency_key IS NOT NULL')
+
+
+class Base(DeclarativeBase):
+    """Declarative base of the step-persistence tables."""
+
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _run_fk() -> Mapped[str]:
+    return mapped_column(String, ForeignKey('runs.run_id', ondelete='CASCADE'), primary_key=True)
+
+
+class Run(Base):
+    """One agent run (`RunRecord`), plus the counters that number its snapshots and messages."""
+
+    __tablename__ = 'runs'
+    __table_args__ = (
+        Index('ix_runs_started_at_id', 'started_at', 'id'),
+        Index('ix_runs_conversation_id_started_at_id', 'conversation_id', 'started_at', 'id'),
+        Index('ix_runs_parent_run_id_started_at_id', 'parent_run_id', 'started_at', 'id'),
+    )
+
+    id: Mapped[int] = mapped_column(SERIAL, primary_key=True, autoincrement=True)
+    """Registration order (breaks `started_at` ties)."""
+    run_id: Mapped[str] = mapped_column(String, unique=True)
+    conversation_id: Mapped[str | None] = mapped_column(String)
+    parent_run_id: Mapped[str | None] = mapped_column(String)
+    agent_name: Mapped[str | None] = mapped_column(String)
+    metadata_: Mapped[dict[str, str]] = mapped_column('metadata', JSON_DOCUMENT)
+    started_at: Mapped[datetime] = mapped_column(DateTimeUTC)
+    last_snapshot_seq: Mapped[int] = mapped_column(BigInteger, server_default=text('0'))
+    """The highest snapshot sequence number handed out for this run."""
+    last_message_no: Mapped[int] = mapped_column(BigInteger, server_default=text('0'))
+    """The highest message number handed out for this run."""
+
+
+class Event(Base):
+    """The append-only event log (`StepEvent`); append order is `id` order."""
+
+    __tablename__ = 'events'
+    __table_args__ = (
+        Index('ix_events_run_id_id', 'run_id', 'id'),
+        Index(
+            'uq_events_run_id_idempotency_key',
+            'run_id',
+            'idempotency_key',
+            unique=True,
+            sqlite_where=IDEMPOTENCY_KEY_SET,
+            postgresql_where=IDEMPOTENCY_KEY_SET,
+        ),
+    )
+
+    id: Mapped[int] = mapped_column(SERIAL, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String, ForeignKey('runs.run_id', ondelete='CASCADE'))
+    kind: Mapped[str] = mapped_column(String)
+    step_index: Mapped[int] = mapped_column(Integer)
+    timestamp: Mapped[datetime] = mapped_column(DateTimeUTC)
+    conversation_id: Mapped[str | None] = mapped_column(String)
+    parent_run_id: Mapped[str | None] = mapped_column(String)
+    agent_name: Mapped[str | None] = mapped_column(String)
+    tool_call_id: Mapped[str | None] = mapped_column(String)
+    tool_name: Mapped[str | None] = mapped_column(String)
+    error: Mapped[str | None] = mapped_column(Text)
+    metadata_: Mapped[dict[str, str]] = mapped_column('metadata', JSON_DOCUMENT)
+    idempotency_key: Mapped[str | None] = mapped_column(String)
+
+
+class Message(Base):
+    """Each distinct message of a run, stored once and numbered per run; snapshots refer to numbers."""
+
+    __tablename__ = 'messages'
+    __table_args__ = (UniqueConstraint('run_id', 'digest'),)
+
+    run_id: Mapped[str] = _run_fk()
+    no: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    digest: Mapped[str] = mapped_column(String(64))
+    """SHA-256 (hex) of the message's JSON encoding."""
+    body: Mapped[Any] = mapped_column(EncodedJSON)
+    """The message as pydantic-ai's JSON (`ModelMessagesTypeAdapter` format, one message)."""
+
+
+class Snapshot(Base):
+    """A continuable snapshot's header; its messages are `message_refs` into `messages`."""
+
+    __tablename__ = 'snapshots'
+    __table_args__ = (Index('ix_snapshots_run_id_state_seq', 'run_id', 'state', 'seq'),)
+
+    run_id: Mapped[str] = _run_fk()
+    seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    step_index: Mapped[int] = mapped_column(Integer)
+    timestamp: Mapped[datetime] = mapped_column(DateTimeUTC)
+    conversation_id: Mapped[str | None] = mapped_column(String)
+    parent_run_id: Mapped[str | None] = mapped_column(String)
+    agent_name: Mapped[str | None] = mapped_column(String)
+    idempotency_key: Mapped[str | None] = mapped_column(String)
+    message_refs: Mapped[list[list[int]]] = mapped_column(JSON_DOCUMENT)
+    """Inclusive `[first, last]` ranges of message numbers, in history order."""
+    state: Mapped[str] = mapped_column(String, server_default=text("'complete'"))
+
+
+class SnapshotKey(Base):
+    """Every snapshot idempotency key a run has used; outlives the pruning of its snapshot."""
+
+    __tablename__ = 'snapshot_keys'
+
+    run_id: Mapped[str] = _run_fk()
+    idempotency_key: Mapped[str] = mapped_column(String, primary_key=True)
+
+
+class ToolEffect(Base):
+    """The tool-effect ledger (`ToolEffectRecord`), one row per `(run_id, tool_call_id)`."""
+
+    __tablename__ = 'tool_effects'
+    __table_args__ = (Index('ix_tool_effects_run_id_status_started_at', 'run_id', 'status', 'started_at'),)
+
+    run_id: Mapped[str] = _run_fk()
+    tool_call_id: Mapped[str] = mapped_column(String, primary_key=True)
+    tool_name: Mapped[str] = mapped_column(String)
+    status: Mapped[str] = mapped_column(String)
+    started_at: Mapped[datetime] = mapped_column(DateTimeUTC)
+    ended_at: Mapped[datetime | None] = mapped_column(DateTimeUTC)
+    idempotency_key: Mapped[str | None] = mapped_column(String)
+    effect_summary: Mapped[str | None] = mapped_column(Text)
+
+
+class Media(Base):
+    """Content-addressed blobs (the SQL media store); shared by runs, never deleted with one."""
+
+    __tablename__ = 'media'
+
+    digest: Mapped[str] = mapped_column(String(64), primary_key=True)
+    """SHA-256 (hex) of `data`."""
+    data: Mapped[bytes] = mapped_column(LargeBinary)
+    media_type: Mapped[str | None] = mapped_column(String)
+    metadata_: Mapped[dict[str, str]] = mapped_column('metadata', JSON_DOCUMENT)
+    created_at: Mapped[datetime] = mapped_column(DateTimeUTC)
+
+
+runs: Table = Base.metadata.tables['runs']
+events: Table = Base.metadata.tables['events']
+messages: Table = Base.metadata.tables['messages']
+snapshots: Table = Base.metadata.tables['snapshots']
+snapshot_keys: Table = Base.metadata.tables['snapshot_keys']
+tool_effects: Table = Base.metadata.tables['tool_effects']
+media: Table = Base.metadata.tables['media']
+
+TABLE_NAMES: frozenset[str] = frozenset(Base.metadata.tables)
+"""The tables this library owns (besides `VERSION_TABLE`)."""
+
+
+def include_name(name: str | None, type_: str, parent_names: Mapping[str, str | None]) -> bool:
+    """Alembic `include_name` hook for an application sharing the database: skip our tables.
+
+    Pass it to `context.configure(include_name=...)` in the application's `env.py` so that
+    `alembic revision --autogenerate` neither drops nor alters step-persistence's tables.
+    """
+    if type_ == 'table':
+        return name not in TABLE_NAMES and name != VERSION_TABLE
+    return True
