@@ -20,11 +20,13 @@ from step_persistence.records import (
     ToolEffectStatus,
 )
 from step_persistence.spec import from_spec
+from step_persistence.stores.file import FileStepStore
 from step_persistence.stores.memory import InMemoryStepStore
 
 __all__ = [
     'ContinuableSnapshot',
     'EventKind',
+    'FileStepStore',
     'InMemoryStepStore',
     'RecoveryReport',
     'RunRecord',

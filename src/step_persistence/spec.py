@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote
 
 from step_persistence.protocol import StepStore
+from step_persistence.stores.file import FileStepStore
 from step_persistence.stores.memory import InMemoryStepStore
 
 __all__ = ['from_spec', 'supported_backends']
@@ -17,8 +19,20 @@ def _memory(url: str | None, options: dict[str, Any]) -> StepStore:
     return InMemoryStepStore(**options)
 
 
-_BACKENDS: dict[str, Callable[[str | None, dict[str, Any]], StepStore]] = {'memory': _memory}
-_URL_SCHEMES: dict[str, str] = {'memory': 'memory'}
+def _file(url: str | None, options: dict[str, Any]) -> StepStore:
+    """`file:///absolute/dir` or `file://relative/dir`, or the name `'file'` with `directory=`."""
+    if url is not None:
+        directory = unquote(url.split('://', 1)[1])
+        if not directory:
+            raise ValueError(f'the file URL {url!r} names no directory')
+        if 'directory' in options:
+            raise ValueError('give the file store its directory in the URL or as directory=, not both')
+        options = {**options, 'directory': directory}
+    return FileStepStore(**options)
+
+
+_BACKENDS: dict[str, Callable[[str | None, dict[str, Any]], StepStore]] = {'memory': _memory, 'file': _file}
+_URL_SCHEMES: dict[str, str] = {'memory': 'memory', 'file': 'file'}
 
 
 def supported_backends() -> list[str]:

@@ -1,0 +1,176 @@
+"""What a process knows about each run's files, kept up to date incrementally.
+
+Idempotency keys, message numbers, snapshot sequence numbers and tool-effect records are derived
+from the run's `.jsonl` files. A process builds them the first time it touches a run (one full
+read), then only reads what was appended since, so an append costs the same on the first step
+and the ten-thousandth.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from step_persistence._history import EncodedMessage
+from step_persistence.records import SnapshotState, ToolEffectRecord
+from step_persistence.retention import retained_seqs
+from step_persistence.stores.file._codec import SnapshotEntry, json_object, load_snapshot_journal_line
+from step_persistence.stores.file._io import FileIo, Span
+from step_persistence.stores.file._journal import Journal
+from step_persistence.stores.file._layout import RunPaths
+from step_persistence.stores.file._messages import MessageEntry, load_message_entry, message_line
+
+__all__ = ['EffectJournal', 'EventJournal', 'IndexCache', 'MessageJournal', 'RunIndex', 'SnapshotJournal']
+
+
+class EventJournal(Journal[str | None]):
+    """`events.jsonl`, indexed by the idempotency keys its events used."""
+
+    def clear(self) -> None:
+        self.keys: set[str] = set()
+
+    def parse(self, line: bytes) -> str | None:
+        key = json_object(line, 'event line').get('idempotency_key')
+        if key is not None and not isinstance(key, str):
+            raise ValueError(f'event line has a non-string idempotency_key {key!r}')
+        return key
+
+    def apply(self, entry: str | None, span: Span) -> None:
+        if entry is not None:
+            self.keys.add(entry)
+
+
+class MessageJournal(Journal[MessageEntry]):
+    """`messages.jsonl`, indexed by message digest and number."""
+
+    def clear(self) -> None:
+        self.numbers: dict[str, int] = {}
+        """digest -> the number of the first line storing that message."""
+        self.spans: dict[int, Span] = {}
+        self.next_number = 1
+
+    def parse(self, line: bytes) -> MessageEntry:
+        return load_message_entry(line)
+
+    def apply(self, entry: MessageEntry, span: Span) -> None:
+        self.numbers.setdefault(entry.digest, entry.number)
+        self.spans[entry.number] = span
+        self.next_number = max(self.next_number, entry.number + 1)
+
+    def store(self, io: FileIo, messages: Sequence[EncodedMessage]) -> list[int]:
+        """The numbers of `messages`, appending (in one write) those the run has not stored yet."""
+        numbers: list[int] = []
+        new: dict[str, int] = {}
+        lines: list[tuple[bytes, MessageEntry]] = []
+        for message in messages:
+            number = self.numbers.get(message.digest, new.get(message.digest))
+            if number is None:
+                number = new[message.digest] = self.next_number + len(lines)
+                lines.append((message_line(number, message), MessageEntry(number=number, digest=message.digest)))
+            numbers.append(number)
+        self.append(io, lines)
+        return numbers
+
+
+class SnapshotJournal(Journal[SnapshotEntry]):
+    """`snapshots.jsonl`, the commit log of snapshots: used keys, the next seq, the retained snapshots."""
+
+    def __init__(self, path: Path, max_snapshots: int | None) -> None:
+        self.max_snapshots = max_snapshots
+        super().__init__(path)
+
+    def clear(self) -> None:
+        self.keys: set[str] = set()
+        self.retained: list[tuple[int, SnapshotState]] = []
+        """`(seq, state)` of the snapshots retention keeps, ascending."""
+        self.next_seq = 1
+        self.pruned: list[int] = []
+        """Seqs that retention dropped since the last catch-up (their files are to be deleted)."""
+
+    def parse(self, line: bytes) -> SnapshotEntry:
+        return load_snapshot_journal_line(line)
+
+    def apply(self, entry: SnapshotEntry, span: Span) -> None:
+        if entry.idempotency_key is not None:
+            self.keys.add(entry.idempotency_key)
+        self.next_seq = max(self.next_seq, entry.seq + 1)
+        if self.retained and entry.seq <= self.retained[-1][0]:
+            self.retained = sorted({*self.retained, (entry.seq, entry.state)})
+        else:
+            self.retained.append((entry.seq, entry.state))
+        if self.max_snapshots is not None:
+            keep = retained_seqs(self.retained, self.max_snapshots)
+            self.pruned.extend(seq for seq, _ in self.retained if seq not in keep)
+            self.retained = [(seq, state) for seq, state in self.retained if seq in keep]
+
+    def catch_up(self, io: FileIo) -> None:
+        self.pruned.clear()
+        super().catch_up(io)
+
+
+class EffectJournal(Journal[ToolEffectRecord]):
+    """`tool_effects.jsonl`, indexed by tool call id; each line is a whole merged record, so the last wins."""
+
+    def clear(self) -> None:
+        self.records: dict[str, ToolEffectRecord] = {}
+
+    def parse(self, line: bytes) -> ToolEffectRecord:
+        return ToolEffectRecord.model_validate_json(line)
+
+    def apply(self, entry: ToolEffectRecord, span: Span) -> None:
+        self.records[entry.tool_call_id] = entry
+
+
+class RunIndex:
+    """Everything a process has derived from one run's files; use it only while holding `lock`."""
+
+    def __init__(self, paths: RunPaths, max_snapshots: int | None) -> None:
+        self.lock = threading.Lock()
+        self.paths = paths
+        self.max_snapshots = max_snapshots
+        self.incarnation: str | None = None
+        self._start_over()
+
+    def _start_over(self) -> None:
+        self.events = EventJournal(self.paths.events)
+        self.messages = MessageJournal(self.paths.messages)
+        self.snapshots = SnapshotJournal(self.paths.snapshot_journal, self.max_snapshots)
+        self.effects = EffectJournal(self.paths.tool_effects)
+
+    def adopt(self, incarnation: str) -> None:
+        """Start over if the run on disk is not the one this index was built from."""
+        if incarnation != self.incarnation:
+            self.incarnation = incarnation
+            self._start_over()
+
+
+class IndexCache:
+    """The `RunIndex` of the runs a store touched most recently (bounded, so memory does not grow with runs)."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._indexes: OrderedDict[str, RunIndex] = OrderedDict()
+        self._guard = threading.Lock()
+
+    def get(self, run_id: str, build: Callable[[], RunIndex]) -> RunIndex:
+        """The index of `run_id`, built by `build()` if this cache does not hold it."""
+        with self._guard:
+            index = self._indexes.get(run_id)
+            if index is None:
+                index = self._indexes[run_id] = build()
+                if len(self._indexes) > self._capacity:
+                    self._indexes.popitem(last=False)
+            else:
+                self._indexes.move_to_end(run_id)
+            return index
+
+    def forget(self, run_id: str) -> None:
+        """Drop the index of `run_id` (it is rebuilt from the files on next use)."""
+        with self._guard:
+            self._indexes.pop(run_id, None)
+
+    def clear(self) -> None:
+        with self._guard:
+            self._indexes.clear()

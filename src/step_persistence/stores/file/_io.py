@@ -1,0 +1,144 @@
+"""Blocking file primitives of the file store: counted reads, whole-line appends, atomic writes, fsync.
+
+Every byte the store reads or writes goes through `FileIo`, which counts it (`IoCounters`), so the
+cost of an operation can be measured in bytes rather than guessed from timings.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ['FileIo', 'IoCounters', 'Span']
+
+Span = tuple[int, int]
+"""`(offset, length)` of a line in a file, without its newline."""
+
+
+@dataclass
+class IoCounters:
+    """Bytes the store has read and written since it was created (diagnostics, tests, benchmarks)."""
+
+    bytes_read: int = 0
+    bytes_written: int = 0
+
+
+class FileIo:
+    """Blocking I/O with byte counting and optional `fsync`; call it from worker threads only."""
+
+    def __init__(self, *, fsync: bool) -> None:
+        self.fsync = fsync
+        self.counters = IoCounters()
+        self._counting = threading.Lock()
+
+    def _count(self, *, read: int = 0, written: int = 0) -> None:
+        with self._counting:
+            self.counters.bytes_read += read
+            self.counters.bytes_written += written
+
+    def read_all(self, path: Path) -> bytes:
+        """The whole content of `path`."""
+        return self.read_from(path, 0)[1]
+
+    def read_from(self, path: Path, offset: int) -> tuple[int, bytes]:
+        """`(size of the file, its bytes from offset to the end)`; nothing is read when offset >= size."""
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            data = self._pread(fd, size - offset, offset) if size > offset else b''
+        finally:
+            os.close(fd)
+        return size, data
+
+    def read_fd(self, fd: int, length: int) -> bytes:
+        """Up to `length` bytes from the start of an open file."""
+        return self._pread(fd, length, 0)
+
+    def read_spans(self, path: Path, spans: Sequence[Span]) -> list[bytes]:
+        """The bytes of each span of `path`, reading each stretch of adjacent lines in one call."""
+        stretches: list[list[Span]] = []
+        for span in sorted(set(spans)):
+            if stretches and span[0] <= _end(stretches[-1][-1]) + 1:
+                stretches[-1].append(span)
+            else:
+                stretches.append([span])
+        found: dict[Span, bytes] = {}
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            for stretch in stretches:
+                first = stretch[0][0]
+                chunk = self._pread(fd, _end(stretch[-1]) - first, first)
+                for span in stretch:
+                    found[span] = chunk[span[0] - first : _end(span) - first]
+        finally:
+            os.close(fd)
+        return [found[span] for span in spans]
+
+    def _pread(self, fd: int, length: int, offset: int) -> bytes:
+        parts: list[bytes] = []
+        remaining = length
+        while remaining > 0:
+            part = os.pread(fd, remaining, offset + length - remaining)
+            if not part:
+                break
+            parts.append(part)
+            remaining -= len(part)
+        data = b''.join(parts)
+        self._count(read=len(data))
+        return data
+
+    def append(self, path: Path, data: bytes) -> None:
+        """Append `data` to an existing file with one `O_APPEND` write (looping only on a short write)."""
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+        try:
+            self._write_all(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def create(self, path: Path, data: bytes) -> None:
+        """Create a new file holding `data`; `FileExistsError` if it exists."""
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            self._write_all(fd, data)
+            if self.fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def write_atomic(self, path: Path, data: bytes) -> None:
+        """Replace `path` by a file holding `data`: readers see the old file or the new one, never a mix."""
+        temporary = path.with_name(f'.{path.name}.{secrets.token_hex(8)}.tmp')
+        try:
+            self.create(temporary, data)
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
+        self.sync_directory(path.parent)
+
+    def sync_directory(self, path: Path) -> None:
+        """Make the entries of directory `path` durable (when fsync is on)."""
+        if not self.fsync:
+            return
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_all(self, fd: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.write(fd, view)
+            view = view[written:]
+        self._count(written=len(data))
+
+
+def _end(span: Span) -> int:
+    return span[0] + span[1]

@@ -1,0 +1,375 @@
+"""`FileStepStore`: a directory of plain JSON files, safe across threads and processes, flat cost per step."""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import partial
+from pathlib import Path
+from types import TracebackType
+from typing import Self, TypeVar
+
+import anyio.to_thread
+
+from step_persistence._history import decode_messages, pack_refs
+from step_persistence._reading import read_or_skip
+from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, merge_tool_effect
+from step_persistence.retention import validate_max_snapshots
+from step_persistence.stores.file._codec import (
+    SnapshotEntry,
+    dump_run_file,
+    dump_snapshot_file,
+    dump_snapshot_journal_line,
+    load_run_file,
+    load_snapshot_file,
+)
+from step_persistence.stores.file._index import IndexCache, RunIndex
+from step_persistence.stores.file._io import FileIo, IoCounters
+from step_persistence.stores.file._journal import read_lines
+from step_persistence.stores.file._layout import (
+    MEDIA_DIRECTORY_NAME,
+    WORK_DIRECTORY_NAME,
+    RunPaths,
+    is_run_directory_name,
+    run_paths,
+)
+from step_persistence.stores.file._locking import RunNotRegistered, locked_run, new_incarnation
+from step_persistence.stores.file._messages import message_tree
+from step_persistence.stores.file._ordering import RunTurns
+
+__all__ = ['FileStepStore']
+
+T = TypeVar('T')
+
+INDEX_CACHE_CAPACITY = 256
+"""How many runs' indexes a store keeps in memory; a run evicted from the cache is re-indexed on next use."""
+
+
+class _RegistrationClock:
+    """Strictly increasing nanosecond stamps within this process, ordering runs registered at the same instant."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def next(self) -> int:
+        with self._lock:
+            self._last = max(time.time_ns(), self._last + 1)
+            return self._last
+
+
+_REGISTRATION_CLOCK = _RegistrationClock()
+
+
+def _validate_threshold(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f'media_threshold_bytes must be an int >= 1, got {value!r}')
+    return value
+
+
+class FileStepStore:
+    """Stores runs as plain JSON files under `directory`, one directory per run.
+
+    Every run id is validated (`[A-Za-z0-9_.-]{1,200}`, no `..`, not `.`) before the disk is
+    touched; any method given an invalid one raises `ValueError`, reads included. Writers of one run are
+    serialized by a lock file, so several threads and processes can share a directory on a local
+    filesystem (POSIX only). Snapshots store each distinct message of a run once and refer to it
+    by number, so the bytes read and written by `append_event`, `save_snapshot` and
+    `record_tool_effect` do not grow with the run (`io_counters` counts them).
+
+    `fsync=True` (the default) makes every write durable before the call returns, so a power
+    loss cannot lose an acknowledged write; `fsync=False` keeps writes safe against a crash of
+    the process only, and is faster.
+
+    `media_store` and `media_threshold_bytes` are accepted and kept for media support; until it
+    arrives every message is stored inline (see `step_persistence.stores.file._messages`).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        media_store: object = 'auto',
+        media_threshold_bytes: int = 65536,
+        max_snapshots_per_run: int | None = None,
+        fsync: bool = True,
+    ) -> None:
+        self.directory = Path(directory)
+        self.media_store = media_store
+        """`'auto'` (a disk media store under `media_directory`), a media store, or `None` (inline)."""
+        self.media_threshold_bytes = _validate_threshold(media_threshold_bytes)
+        self.max_snapshots_per_run = validate_max_snapshots(max_snapshots_per_run)
+        self.fsync = fsync
+        self._io = FileIo(fsync=fsync)
+        self._indexes = IndexCache(INDEX_CACHE_CAPACITY)
+        self._turns = RunTurns()
+
+    @property
+    def media_directory(self) -> Path:
+        """Where media blobs live: a name no run id can take, so no run can shadow it."""
+        return self.directory / MEDIA_DIRECTORY_NAME
+
+    @property
+    def io_counters(self) -> IoCounters:
+        """Bytes this store has read and written so far."""
+        return self._io.counters
+
+    def __repr__(self) -> str:
+        return f'FileStepStore({str(self.directory)!r}, max_snapshots_per_run={self.max_snapshots_per_run!r})'
+
+    async def _in_turn(self, run_id: str, function: Callable[[], T]) -> T:
+        """Run `function` in a worker thread after every earlier call on `run_id` is done."""
+        async with self._turns.turn(run_id):
+            return await anyio.to_thread.run_sync(function)
+
+    @contextmanager
+    def _session(self, run_id: str, *, exclusive: bool) -> Iterator[RunIndex]:
+        """Hold the run's lock and yield its index, caught up with nothing yet.
+
+        Raises `RunNotRegistered` (a `LookupError`) if the run does not exist. After any error
+        the index is dropped, so the next use rebuilds it from the files.
+        """
+        paths = run_paths(self.directory, run_id)
+        index = self._indexes.get(run_id, lambda: RunIndex(paths, self.max_snapshots_per_run))
+        with index.lock:
+            try:
+                with locked_run(paths.lock_file, exclusive=exclusive, io=self._io) as incarnation:
+                    index.adopt(incarnation)
+                    yield index
+            except BaseException:
+                self._indexes.forget(run_id)
+                raise
+
+    # --- runs ---
+
+    async def register_run(self, record: RunRecord) -> None:
+        await self._in_turn(record.run_id, partial(self._register_run, record))
+
+    def _register_run(self, record: RunRecord) -> None:
+        paths = run_paths(self.directory, record.run_id)
+        staging = self.directory / WORK_DIRECTORY_NAME / f'register-{secrets.token_hex(8)}'
+        staging.mkdir(parents=True)
+        try:
+            staged = RunPaths(staging)
+            self._io.create(staged.lock_file, new_incarnation().encode('ascii'))
+            self._io.create(staged.run_file, dump_run_file(record, _REGISTRATION_CLOCK.next()))
+            for journal in staged.journals:
+                self._io.create(journal, b'')
+            staged.snapshots.mkdir()
+            self._io.sync_directory(staging)
+            try:
+                os.rename(staging, paths.directory)
+            except OSError as error:
+                if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                    raise ValueError(f'run {record.run_id!r} is already registered') from None
+                raise
+            self._io.sync_directory(self.directory)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    async def get_run(self, *, run_id: str) -> RunRecord | None:
+        """The record, `None` if absent; raises `ValueError` if its `run.json` is unreadable."""
+        paths = run_paths(self.directory, run_id)
+        loaded = await self._in_turn(run_id, partial(self._read_run_file, paths.run_file))
+        return None if loaded is None else loaded[0]
+
+    def _read_run_file(self, path: Path) -> tuple[RunRecord, int] | None:
+        try:
+            data = self._io.read_all(path)
+        except FileNotFoundError:
+            return None
+        return load_run_file(data)
+
+    async def list_runs(
+        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+    ) -> list[RunRecord]:
+        """Matching runs, oldest first; a run whose `run.json` is unreadable is skipped and logged."""
+        loaded = await anyio.to_thread.run_sync(self._read_all_runs)
+        matching = [
+            (record, registered_ns)
+            for record, registered_ns in loaded
+            if (parent_run_id is None or record.parent_run_id == parent_run_id)
+            and (conversation_id is None or record.conversation_id == conversation_id)
+        ]
+        matching.sort(key=lambda item: (item[0].started_at, item[1], item[0].run_id))
+        return [record for record, _ in matching]
+
+    def _read_all_runs(self) -> list[tuple[RunRecord, int]]:
+        try:
+            names = sorted(entry.name for entry in os.scandir(self.directory) if entry.is_dir())
+        except FileNotFoundError:
+            return []
+        loaded: list[tuple[RunRecord, int]] = []
+        for name in filter(is_run_directory_name, names):
+            run_file = RunPaths(self.directory / name).run_file
+            item = read_or_skip(f'run file {run_file}', partial(self._read_run_file, run_file))
+            if item is not None:
+                loaded.append(item)
+        return loaded
+
+    async def delete_run(self, *, run_id: str) -> None:
+        await self._in_turn(run_id, partial(self._delete_run, run_id))
+
+    def _delete_run(self, run_id: str) -> None:
+        paths = run_paths(self.directory, run_id)
+        trash = self.directory / WORK_DIRECTORY_NAME / f'deleted-{secrets.token_hex(8)}'
+        try:
+            with self._session(run_id, exclusive=True):
+                trash.parent.mkdir(exist_ok=True)
+                os.rename(paths.directory, trash)
+                self._io.sync_directory(self.directory)
+        except RunNotRegistered:
+            return
+        finally:
+            self._indexes.forget(run_id)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    # --- events ---
+
+    async def append_event(self, event: StepEvent) -> None:
+        await self._in_turn(event.run_id, partial(self._append_event, event))
+
+    def _append_event(self, event: StepEvent) -> None:
+        line = event.model_dump_json().encode()
+        with self._session(event.run_id, exclusive=True) as index:
+            journal = index.events
+            journal.catch_up(self._io)
+            if event.idempotency_key is not None and event.idempotency_key in journal.keys:
+                return
+            journal.append(self._io, [(line, event.idempotency_key)])
+
+    async def list_events(self, *, run_id: str) -> list[StepEvent]:
+        """The run's events in append order; unreadable lines are skipped and logged."""
+        return await self._in_turn(run_id, partial(self._list_events, run_id))
+
+    def _list_events(self, run_id: str) -> list[StepEvent]:
+        try:
+            with self._session(run_id, exclusive=False) as index:
+                path = index.paths.events
+                data = self._io.read_all(path)
+        except RunNotRegistered:
+            return []
+        events = (
+            read_or_skip(f'line at byte {span[0]} of {path}', partial(StepEvent.model_validate_json, line))
+            for span, line in read_lines(path, data)
+        )
+        return [event for event in events if event is not None]
+
+    # --- snapshots ---
+
+    async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        await self._in_turn(snapshot.run_id, partial(self._save_snapshot, snapshot))
+
+    def _save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        encoded = snapshot.encoded_messages()
+        key = snapshot.idempotency_key
+        with self._session(snapshot.run_id, exclusive=True) as index:
+            journal = index.snapshots
+            journal.catch_up(self._io)
+            if key is not None and key in journal.keys:
+                return
+            index.messages.catch_up(self._io)
+            numbers = index.messages.store(self._io, encoded)
+            seq = journal.next_seq
+            self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, pack_refs(numbers)))
+            entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key)
+            journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq), entry)])
+            for pruned in journal.pruned:
+                index.paths.snapshot(pruned).unlink(missing_ok=True)
+
+    async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
+        """The newest readable matching snapshot; unreadable newer ones are skipped and logged."""
+        found = await self._in_turn(
+            run_id, partial(self._read_snapshots, run_id, include_interrupted, newest_only=True)
+        )
+        return found[0] if found else None
+
+    async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        """Retained matching snapshots in sequence order; unreadable ones are skipped and logged."""
+        return await self._in_turn(
+            run_id, partial(self._read_snapshots, run_id, include_interrupted, newest_only=False)
+        )
+
+    def _read_snapshots(
+        self, run_id: str, include_interrupted: bool, *, newest_only: bool
+    ) -> list[ContinuableSnapshot]:
+        try:
+            with self._session(run_id, exclusive=False) as index:
+                index.snapshots.catch_up(self._io)
+                index.messages.catch_up(self._io)
+                seqs = [seq for seq, state in index.snapshots.retained if include_interrupted or state == 'complete']
+                found: list[ContinuableSnapshot] = []
+                for seq in reversed(seqs) if newest_only else seqs:
+                    path = index.paths.snapshot(seq)
+                    snapshot = read_or_skip(f'snapshot {path}', partial(self._load_snapshot, index, seq))
+                    if snapshot is not None:
+                        found.append(snapshot)
+                        if newest_only:
+                            break
+                return found
+        except RunNotRegistered:
+            return []
+
+    def _load_snapshot(self, index: RunIndex, seq: int) -> ContinuableSnapshot:
+        header, numbers = load_snapshot_file(self._io.read_all(index.paths.snapshot(seq)))
+        if header.seq != seq:
+            raise ValueError(f'the file of snapshot {seq} holds snapshot {header.seq}')
+        missing = [number for number in numbers if number not in index.messages.spans]
+        if missing:
+            raise ValueError(f'messages {missing[:5]} are not in {index.paths.messages}')
+        lines = self._io.read_spans(index.paths.messages, [index.messages.spans[number] for number in numbers])
+        trees = [message_tree(number, line) for number, line in zip(numbers, lines, strict=True)]
+        return header.model_copy(update={'messages': decode_messages(trees)})
+
+    # --- tool effects ---
+
+    async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        await self._in_turn(record.run_id, partial(self._record_tool_effect, record))
+
+    def _record_tool_effect(self, record: ToolEffectRecord) -> None:
+        with self._session(record.run_id, exclusive=True) as index:
+            journal = index.effects
+            journal.catch_up(self._io)
+            merged = merge_tool_effect(journal.records.get(record.tool_call_id), record)
+            journal.append(self._io, [(merged.model_dump_json().encode(), merged)])
+
+    async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        records = await self._in_turn(run_id, partial(self._tool_effects, run_id))
+        return records.get(tool_call_id)
+
+    async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        records = await self._in_turn(run_id, partial(self._tool_effects, run_id))
+        unresolved = [record for record in records.values() if record.status == 'started']
+        return sorted(unresolved, key=lambda record: record.started_at)
+
+    def _tool_effects(self, run_id: str) -> dict[str, ToolEffectRecord]:
+        """A copy of the run's ledger, by tool call id (empty for an unknown run)."""
+        try:
+            with self._session(run_id, exclusive=False) as index:
+                index.effects.catch_up(self._io)
+                return dict(index.effects.records)
+        except RunNotRegistered:
+            return {}
+
+    # --- lifetime ---
+
+    async def aclose(self) -> None:
+        """Forget the cached indexes; the store holds no open files between calls and stays usable."""
+        self._indexes.clear()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
