@@ -69,13 +69,21 @@ class Journal(ABC, Generic[EntryT]):
         """Forget the derived state (the file is read again from its start)."""
 
     def catch_up(self, io: FileIo) -> None:
-        """Apply every line appended since the last catch-up."""
-        size, data = io.read_from(self.path, self.offset)
-        if size < self.offset:
-            logger.warning('%s shrank from %d to %d bytes; reading it again', self.path, self.offset, size)
+        """Apply every line appended since the last catch-up.
+
+        Reads one byte before the new ones, the newline that ended the last line read, to notice a
+        file that changed other than by appends (truncated or edited by hand); it is then read
+        again from its start.
+        """
+        anchored = self.offset > 0 and not self.torn
+        size, data = io.read_from(self.path, self.offset - 1 if anchored else self.offset)
+        if size < self.offset or (anchored and not data.startswith(b'\n')):
+            logger.warning('%s changed other than by appends; reading it again', self.path)
             self.clear()
             self.offset, self.torn = 0, False
             size, data = io.read_from(self.path, 0)
+        elif anchored:
+            data = data[1:]
         for span, line in read_lines(self.path, data, base=self.offset):
             entry = read_or_skip(f'line at byte {span[0]} of {self.path}', partial(self.parse, line))
             if entry is not None:
