@@ -186,8 +186,9 @@ class S3MediaStore:
         hint = ''
         if response.status_code == 403:
             hint = " (check the access key id, secret access key and region, and the key's rights on the bucket)"
+        described = f'HTTP {response.status_code} {code}' if code else f'HTTP {response.status_code}'
         return S3Error(
-            f'S3 {method} {self.bucket}/{key} failed: HTTP {response.status_code} {code or ""}{hint}'.rstrip(),
+            f'S3 {method} {self.bucket}/{key} failed: {described}{hint}',
             status=response.status_code,
             code=code,
         )
