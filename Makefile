@@ -4,10 +4,20 @@ export UV_PYTHON_DOWNLOADS := never
 PYTHON ?= python3
 UV := $(PYTHON) -m uv
 
-.PHONY: uv demo test lint typecheck pytest
+.PHONY: uv postgres demo test lint typecheck pytest
 
 uv:
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
+
+# PostgreSQL binaries for the test session's throwaway cluster (tests/servers/postgres.py starts it).
+# Debian's package would start its own cluster on 5432 unless told not to create one.
+postgres:
+	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \
+		mkdir -p /etc/postgresql-common && \
+		echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.conf && \
+		apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
+	fi
 
 demo: uv
 	$(UV) sync --locked --quiet
@@ -23,6 +33,6 @@ typecheck: uv
 pytest: uv
 	$(UV) run --locked pytest $(PYTEST_ARGS)
 
-test: uv
+test: uv postgres
 	$(UV) sync --locked --all-extras --quiet
 	$(MAKE) --no-print-directory lint typecheck pytest

@@ -6,14 +6,17 @@ makes fresh stores there; durable backends also say how another process opens th
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from step_persistence import InMemoryStepStore, StepStore
+from servers.postgres import PostgresServer
+from step_persistence import InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepStore
 
 StoreMaker = Callable[..., Any]
 """`await make(**options)` returns a new store over the test's location."""
@@ -61,6 +64,62 @@ def _memory(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[Backe
     return closing(InMemoryStepStore)
 
 
+def _sqlite(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[BackendSession]:
+    """Each store on a fresh SQLite file; the spec names one more, shared by every process of the test."""
+    root: Path = request.getfixturevalue('tmp_path')
+    files = (root / f'sqlite-{number}.db' for number in itertools.count())
+    return closing(
+        lambda **options: SqliteStepStore(next(files), **options),
+        spec=lambda **options: {'backend': 'sqlite', 'database': str(root / 'shared.db'), **options},
+    )
+
+
+_POSTGRES_TEMPLATES: dict[int, str] = {}
+"""Per cluster (port): a database migrated to head once per session, copied for every test database."""
+
+
+async def _postgres_template(server: PostgresServer) -> str:
+    if server.port not in _POSTGRES_TEMPLATES:
+        name = await server.create_database()
+        store = PostgresStepStore(server.url(name))
+        try:
+            await store.migrate()
+        finally:
+            await store.aclose()
+        _POSTGRES_TEMPLATES[server.port] = name
+    return _POSTGRES_TEMPLATES[server.port]
+
+
+@asynccontextmanager
+async def _postgres(request: pytest.FixtureRequest) -> AsyncIterator[BackendSession]:
+    """Each store on a fresh database (a copy of a migrated template); all dropped when the test ends."""
+    server: PostgresServer = request.getfixturevalue('postgres_server')
+    template = await _postgres_template(server)
+    databases: list[str] = []
+    stores: list[StepStore] = []
+
+    async def fresh_url() -> str:
+        databases.append(await server.create_database(template=template))
+        return server.url(databases[-1])
+
+    shared = await fresh_url()
+
+    async def make(**options: Any) -> StepStore:
+        store = PostgresStepStore(await fresh_url(), **options)
+        stores.append(store)
+        return store
+
+    try:
+        yield BackendSession(make=make, spec=lambda **options: {'backend': shared, **options})
+    finally:
+        for store in stores:
+            await store.aclose()
+        for database in databases:
+            await server.drop_database(database)
+
+
 BACKENDS: dict[str, Backend] = {
     'memory': Backend(name='memory', open=_memory),
+    'sqlite': Backend(name='sqlite', open=_sqlite),
+    'postgres': Backend(name='postgres', open=_postgres),
 }

@@ -6,6 +6,9 @@ from typing import Any
 import pytest
 
 from backends import BACKENDS, Backend, BackendSession, StoreMaker
+from servers.postgres import postgres_server
+
+__all__ = ['postgres_server']
 
 
 @pytest.fixture

@@ -22,16 +22,20 @@ from step_persistence.records import (
 from step_persistence.spec import from_spec
 from step_persistence.stores.file import FileStepStore
 from step_persistence.stores.memory import InMemoryStepStore
+from step_persistence.stores.sql import PostgresStepStore, SqliteStepStore, SqlStepStore
 
 __all__ = [
     'ContinuableSnapshot',
     'EventKind',
     'FileStepStore',
     'InMemoryStepStore',
+    'PostgresStepStore',
     'RecoveryReport',
     'RunRecord',
     'SnapshotSaved',
     'SnapshotState',
+    'SqlStepStore',
+    'SqliteStepStore',
     'StepEvent',
     'StepPersistence',
     'StepStore',

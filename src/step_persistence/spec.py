@@ -9,6 +9,8 @@ from urllib.parse import unquote
 from step_persistence.protocol import StepStore
 from step_persistence.stores.file import FileStepStore
 from step_persistence.stores.memory import InMemoryStepStore
+from step_persistence.stores.sql import PostgresStepStore, SqliteStepStore
+from step_persistence.stores.sql.sqlite import database_from_url
 
 __all__ = ['from_spec', 'supported_backends']
 
@@ -31,8 +33,31 @@ def _file(url: str | None, options: dict[str, Any]) -> StepStore:
     return FileStepStore(**options)
 
 
-_BACKENDS: dict[str, Callable[[str | None, dict[str, Any]], StepStore]] = {'memory': _memory, 'file': _file}
-_URL_SCHEMES: dict[str, str] = {'memory': 'memory', 'file': 'file'}
+def _sqlite(url: str | None, options: dict[str, Any]) -> StepStore:
+    """`sqlite:///relative.db`, `sqlite:////absolute.db`, `sqlite://` (memory), or `'sqlite'` with `database=`."""
+    if url is not None:
+        if 'database' in options:
+            raise ValueError('give the SQLite store its database in the URL or as database=, not both')
+        options = {**options, 'database': database_from_url(url)}
+    return SqliteStepStore(**options)
+
+
+def _postgres(url: str | None, options: dict[str, Any]) -> StepStore:
+    """`postgresql://...` (or `postgresql+asyncpg://...`), or `'postgres'` with `url=`; `schema=` is optional."""
+    options = dict(options)
+    given = options.pop('url', None)
+    if (url is None) == (given is None):
+        raise ValueError('give the PostgreSQL store exactly one URL: as the backend or as url=')
+    return PostgresStepStore(url or given, **options)
+
+
+_BACKENDS: dict[str, Callable[[str | None, dict[str, Any]], StepStore]] = {
+    'memory': _memory,
+    'file': _file,
+    'sqlite': _sqlite,
+    'postgres': _postgres,
+}
+_URL_SCHEMES: dict[str, str] = {'memory': 'memory', 'file': 'file', 'sqlite': 'sqlite', 'postgresql': 'postgres'}
 
 
 def supported_backends() -> list[str]:

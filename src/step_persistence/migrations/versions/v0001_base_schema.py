@@ -37,6 +37,7 @@ def upgrade() -> None:
         sa.Column('last_message_no', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
         sa.PrimaryKeyConstraint('id', name='pk_runs'),
         sa.UniqueConstraint('run_id', name='uq_runs_run_id'),
+        sqlite_autoincrement=True,
     )
     op.create_index('ix_runs_started_at_id', 'runs', ['started_at', 'id'])
     op.create_index('ix_runs_conversation_id_started_at_id', 'runs', ['conversation_id', 'started_at', 'id'])

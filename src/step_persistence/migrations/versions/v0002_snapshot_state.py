@@ -16,8 +16,9 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
+    # A plain-string default lets SQLite add the column in place (no table copy), also in --sql mode.
     with op.batch_alter_table('snapshots') as batch:
-        batch.add_column(sa.Column('state', sa.String(), server_default=sa.text("'complete'"), nullable=False))
+        batch.add_column(sa.Column('state', sa.String(), server_default='complete', nullable=False))
         batch.create_index('ix_snapshots_run_id_state_seq', ['run_id', 'state', 'seq'])
 
 

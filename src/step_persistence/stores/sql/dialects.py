@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 from collections.abc import Callable
 
 from sqlalchemy.dialects import postgresql, sqlite
@@ -50,12 +50,14 @@ def check_dialect(dialect_name: str, driver: str, *, where: str) -> None:
 
 
 def require_asyncpg() -> None:
-    """Raise `ImportError` naming the extra to install when asyncpg is missing."""
-    if importlib.util.find_spec('asyncpg') is None:
+    """Raise `ImportError` naming the extra to install when asyncpg cannot be imported."""
+    try:
+        importlib.import_module('asyncpg')
+    except ImportError as error:
         raise ImportError(
             'PostgreSQL support needs asyncpg, which is not installed: '
             'pip install "step-persistence[postgres]" (the step-persistence[postgres] extra)'
-        )
+        ) from error
 
 
 def resolve_url(url: str | URL) -> URL:
@@ -68,10 +70,11 @@ def resolve_url(url: str | URL) -> URL:
         parsed = make_url(url)
     except Exception as error:
         raise ValueError(f'not a database URL: {redact(url)}') from error
-    backend = parsed.get_backend_name()
-    if backend in SUPPORTED_DRIVERS and '+' not in parsed.drivername:
-        parsed = parsed.set(drivername=f'{backend}+{SUPPORTED_DRIVERS[backend]}')
-    check_dialect(backend, parsed.get_driver_name(), where=f'URL {redact(parsed)}')
+    backend, _, driver = parsed.drivername.partition('+')
+    if backend in SUPPORTED_DRIVERS and not driver:
+        driver = SUPPORTED_DRIVERS[backend]
+        parsed = parsed.set(drivername=f'{backend}+{driver}')
+    check_dialect(backend, driver, where=f'URL {redact(parsed)}')
     if backend == 'postgresql':
         require_asyncpg()
     return parsed

@@ -85,10 +85,12 @@ class Run(Base):
         Index('ix_runs_started_at_id', 'started_at', 'id'),
         Index('ix_runs_conversation_id_started_at_id', 'conversation_id', 'started_at', 'id'),
         Index('ix_runs_parent_run_id_started_at_id', 'parent_run_id', 'started_at', 'id'),
+        {'sqlite_autoincrement': True},
     )
 
     id: Mapped[int] = mapped_column(SERIAL, primary_key=True, autoincrement=True)
-    """Registration order (breaks `started_at` ties)."""
+    """Registration order (breaks `started_at` ties); never reused, also on SQLite (`AUTOINCREMENT`),
+    so it tells a run apart from an earlier, deleted run with the same `run_id`."""
     run_id: Mapped[str] = mapped_column(String, unique=True)
     conversation_id: Mapped[str | None] = mapped_column(String)
     parent_run_id: Mapped[str | None] = mapped_column(String)
@@ -162,7 +164,7 @@ class Snapshot(Base):
     idempotency_key: Mapped[str | None] = mapped_column(String)
     message_refs: Mapped[list[list[int]]] = mapped_column(JSON_DOCUMENT)
     """Inclusive `[first, last]` ranges of message numbers, in history order."""
-    state: Mapped[str] = mapped_column(String, server_default=text("'complete'"))
+    state: Mapped[str] = mapped_column(String, server_default='complete')
 
 
 class SnapshotKey(Base):

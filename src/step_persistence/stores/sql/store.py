@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from functools import partial
 from types import TracebackType
 from typing import Any, Self
@@ -60,11 +60,6 @@ def _check_media(media_store: object, media_threshold_bytes: object) -> int:
     ):
         raise ValueError(f'media_threshold_bytes must be an int >= 1, got {media_threshold_bytes!r}')
     return media_threshold_bytes
-
-
-def _chunks(values: Sequence[str]) -> Iterable[Sequence[str]]:
-    for start in range(0, len(values), _IN_CHUNK):
-        yield values[start : start + _IN_CHUNK]
 
 
 class SqlStepStore:
@@ -223,12 +218,16 @@ class SqlStepStore:
     async def _save_snapshot(self, snapshot: ContinuableSnapshot, *, use_cache: bool) -> None:
         run_id = snapshot.run_id
         encoded = snapshot.encoded_messages()
+        distinct = list({message.digest: message for message in encoded}.values())
         known = self._numbers.get(run_id) if self._numbers is not None and use_cache else None
-        known_numbers: Mapping[str, int] = {} if known is None else known.numbers
-        fresh = list({m.digest: m for m in encoded if m.digest not in known_numbers}.values())
         async with self._db.transaction(write=True) as connection:
             if snapshot.idempotency_key is not None and not await self._claim_snapshot_key(connection, snapshot):
                 return
+            if known is None:
+                stored = await self._stored_numbers(connection, run_id, [message.digest for message in distinct])
+            else:
+                stored = known.numbers
+            fresh = [message for message in distinct if message.digest not in stored]
             allocated = (
                 await self._execute(
                     connection,
@@ -246,17 +245,15 @@ class SqlStepStore:
             run_pk, seq, last_no = allocated
             if known is not None and known.run_pk != run_pk:
                 raise _StaleMessageNumbers
-            new_numbers = await self._store_messages(connection, run_id, fresh, first_no=last_no - len(fresh) + 1)
-            refs = pack_refs(
-                [new_numbers[m.digest] if m.digest in new_numbers else known_numbers[m.digest] for m in encoded]
-            )
+            added = await self._store_messages(connection, run_id, fresh, first_no=last_no - len(fresh) + 1)
+            refs = pack_refs([added[m.digest] if m.digest in added else stored[m.digest] for m in encoded])
             await self._execute(
                 connection, snapshots.insert().values(rows.snapshot_values(snapshot, seq=seq, message_refs=refs))
             )
             if self.max_snapshots_per_run is not None:
                 await self._prune(connection, run_id, self.max_snapshots_per_run)
         if self._numbers is not None:
-            self._numbers.remember(run_id, run_pk, new_numbers)
+            self._numbers.remember(run_id, run_pk, added if known is not None else {**stored, **added})
 
     async def _claim_snapshot_key(self, connection: AsyncConnection, snapshot: ContinuableSnapshot) -> bool:
         """Record the snapshot's idempotency key; `False` if the run already used it."""
@@ -292,11 +289,16 @@ class SqlStepStore:
         )
         numbers: dict[str, int] = {digest: no for digest, no in await self._execute(connection, statement, values)}
         missing = [message.digest for message in fresh if message.digest not in numbers]
-        for chunk in _chunks(missing):
-            existing = select(messages.c.digest, messages.c.no).where(
-                messages.c.run_id == run_id, messages.c.digest.in_(chunk)
+        return {**numbers, **await self._stored_numbers(connection, run_id, missing)}
+
+    async def _stored_numbers(self, connection: AsyncConnection, run_id: str, digests: Sequence[str]) -> dict[str, int]:
+        """The numbers of those of `digests` that the run has stored."""
+        numbers: dict[str, int] = {}
+        for start in range(0, len(digests), _IN_CHUNK):
+            statement = select(messages.c.digest, messages.c.no).where(
+                messages.c.run_id == run_id, messages.c.digest.in_(digests[start : start + _IN_CHUNK])
             )
-            numbers.update({digest: no for digest, no in await self._execute(connection, existing)})
+            numbers.update({digest: no for digest, no in await self._execute(connection, statement)})
         return numbers
 
     def _bodies_to_store(self, fresh: Sequence[EncodedMessage]) -> list[bytes]:

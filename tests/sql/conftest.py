@@ -1,0 +1,57 @@
+"""Fresh, empty SQL databases for the SQL store's own tests, on SQLite and on the session's PostgreSQL."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from servers.postgres import PostgresServer
+
+
+@dataclass(frozen=True)
+class EmptyDatabase:
+    """A database with nothing in it yet, and its async SQLAlchemy URL."""
+
+    dialect: str
+    """`'sqlite'` or `'postgresql'`."""
+    url: str
+
+    async def table_names(self, schema: str | None = None) -> set[str]:
+        engine = create_async_engine(self.url)
+        try:
+            async with engine.connect() as connection:
+                names = await connection.run_sync(lambda sync: inspect(sync).get_table_names(schema=schema))
+        finally:
+            await engine.dispose()
+        return set(names)
+
+
+async def fresh_postgres_database(request: pytest.FixtureRequest) -> AsyncIterator[EmptyDatabase]:
+    server: PostgresServer = request.getfixturevalue('postgres_server')
+    name = await server.create_database()
+    try:
+        yield EmptyDatabase(dialect='postgresql', url=server.url(name))
+    finally:
+        await server.drop_database(name)
+
+
+@pytest.fixture(params=['sqlite', 'postgresql'])
+async def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[EmptyDatabase]:
+    """A new SQLite file, or a new database on the session's PostgreSQL cluster (dropped afterwards)."""
+    if request.param == 'sqlite':
+        yield EmptyDatabase(dialect='sqlite', url=f'sqlite+aiosqlite:///{tmp_path / "test.db"}')
+    else:
+        async for database in fresh_postgres_database(request):
+            yield database
+
+
+@pytest.fixture
+async def postgres_database(request: pytest.FixtureRequest) -> AsyncIterator[EmptyDatabase]:
+    """A new, empty database on the session's PostgreSQL cluster."""
+    async for database in fresh_postgres_database(request):
+        yield database
