@@ -129,7 +129,8 @@ class Database:
         With a caller's `AsyncConnection`, that connection as it is: the caller's transaction,
         neither committed nor rolled back here.
         """
-        async with self._serial or contextlib.nullcontext(), (write and self._writer) or contextlib.nullcontext():
+        writer = self._writer if write else None
+        async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
             if self._connection is not None:
                 yield self._connection
                 return

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy.engine import URL, make_url
+from typing import Literal
+
+from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from step_persistence.media.protocol import MediaStore
 from step_persistence.stores.sql.dialects import redact, resolve_url
 from step_persistence.stores.sql.store import DEFAULT_MEDIA_THRESHOLD_BYTES, SqlStepStore
 
@@ -31,7 +34,7 @@ class PostgresStepStore(SqlStepStore):
         *,
         auto_migrate: bool = True,
         max_snapshots_per_run: int | None = None,
-        media_store: object = 'auto',
+        media_store: MediaStore | Literal['auto'] | None = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
     ) -> None:
         if isinstance(url_or_engine, AsyncEngine | AsyncConnection):
@@ -41,7 +44,7 @@ class PostgresStepStore(SqlStepStore):
             dialect = url.get_backend_name()
             url_or_engine = url
         if dialect != 'postgresql':
-            where = redact(make_url(url_or_engine)) if isinstance(url_or_engine, URL) else dialect
+            where = redact(url_or_engine) if isinstance(url_or_engine, URL) else f'a {dialect} engine'
             raise ValueError(f'PostgresStepStore needs a PostgreSQL database, got {where}')
         super().__init__(
             url_or_engine,

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
+from typing import Literal
 
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from step_persistence.media.protocol import MediaStore
 from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database
 from step_persistence.stores.sql.dialects import resolve_url
 from step_persistence.stores.sql.store import DEFAULT_MEDIA_THRESHOLD_BYTES, SqlStepStore
@@ -40,7 +42,7 @@ class SqliteStepStore(SqlStepStore):
         connection: sqlite3.Connection | None = None,
         auto_migrate: bool = True,
         max_snapshots_per_run: int | None = None,
-        media_store: object = 'auto',
+        media_store: MediaStore | Literal['auto'] | None = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     ) -> None:

@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from functools import partial
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 from sqlalchemy import Table, Text, and_, cast, delete, func, literal, select, update
 from sqlalchemy.engine import URL
@@ -24,6 +24,7 @@ from sqlalchemy.sql.elements import Label
 
 from step_persistence._history import EncodedMessage, decode_messages, pack_refs, unpack_refs
 from step_persistence._reading import read_or_skip
+from step_persistence.media.protocol import MediaStore
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 from step_persistence.retention import retained_seqs, validate_max_snapshots
 from step_persistence.stores.sql import rows
@@ -47,11 +48,7 @@ class _StaleMessageNumbers(Exception):
 
 
 def _check_media(media_store: object, media_threshold_bytes: object) -> int:
-    if not (
-        media_store is None
-        or media_store == 'auto'
-        or (callable(getattr(media_store, 'put', None)) and callable(getattr(media_store, 'get', None)))
-    ):
+    if not (media_store is None or media_store == 'auto' or isinstance(media_store, MediaStore)):
         raise ValueError(f"media_store must be 'auto', None or a MediaStore, got {media_store!r}")
     if (
         isinstance(media_threshold_bytes, bool)
@@ -88,7 +85,7 @@ class SqlStepStore:
         schema: str | None = None,
         auto_migrate: bool = True,
         max_snapshots_per_run: int | None = None,
-        media_store: object = 'auto',
+        media_store: MediaStore | Literal['auto'] | None = 'auto',
         media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
     ) -> None:
         self.max_snapshots_per_run = validate_max_snapshots(max_snapshots_per_run)

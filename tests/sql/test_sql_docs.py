@@ -1,0 +1,45 @@
+"""The reporting queries of docs/sql.md run on both databases and find what they describe."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from sql.conftest import EmptyDatabase
+from step_persistence import RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
+
+pytestmark = pytest.mark.anyio
+PAGE = Path(__file__).resolve().parents[2] / 'docs' / 'sql.md'
+SQL_BLOCK = re.compile(r'^```sql\n(.*?)^```', re.MULTILINE | re.DOTALL)
+ONLY_ON = re.compile(r'^-- (postgresql|sqlite):')
+
+
+def queries() -> list[str]:
+    found = SQL_BLOCK.findall(PAGE.read_text())
+    assert len(found) >= 5
+    return found
+
+
+async def test_reporting_queries_run_and_find_rows(empty_database: EmptyDatabase) -> None:
+    async with SqlStepStore(empty_database.url) as store:
+        await store.register_run(RunRecord(run_id='orchestrator-run', agent_name='orch', metadata={'tenant': 'acme'}))
+        await store.register_run(RunRecord(run_id='child-1', agent_name='librarian', parent_run_id='orchestrator-run'))
+        await store.append_event(StepEvent(run_id='child-1', kind='tool_call_failed', step_index=1))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id='child-1', tool_call_id='t1', tool_name='send_mail', status='started')
+        )
+    engine = create_async_engine(empty_database.url)
+    try:
+        async with engine.connect() as connection:
+            for query in queries():
+                only_on = ONLY_ON.match(query)
+                if only_on and only_on.group(1) != empty_database.dialect:
+                    continue
+                rows = (await connection.execute(text(query))).all()
+                assert rows, f'no rows from:\n{query}'
+    finally:
+        await engine.dispose()
