@@ -35,6 +35,7 @@ __all__ = [
     'MARKER_VERSION',
     'externalize_media',
     'restore_media',
+    'validate_threshold_bytes',
 ]
 
 MARKER_KEY: Final = '$step_persistence.media'
@@ -96,7 +97,8 @@ _BASE64: Final[dict[str, tuple[Callable[[bytes], bytes], Callable[[str], bytes]]
 _ENCODINGS: Final = frozenset({*_BASE64, 'utf-8'})
 
 
-def _check_threshold(threshold_bytes: int) -> int:
+def validate_threshold_bytes(threshold_bytes: int) -> int:
+    """Return `threshold_bytes` if it is an int >= 1; otherwise raise `ValueError`."""
     if isinstance(threshold_bytes, bool) or not isinstance(threshold_bytes, int) or threshold_bytes < 1:
         raise ValueError(f'threshold_bytes must be an int >= 1, got {threshold_bytes!r}')
     return threshold_bytes
@@ -297,7 +299,7 @@ async def externalize_media(
     are put concurrently. A tree with nothing to externalize is returned as is, not copied.
     `tree` itself is never modified.
     """
-    threshold = _check_threshold(threshold_bytes)
+    threshold = validate_threshold_bytes(threshold_bytes)
     if not _needs_externalizing(tree, threshold):
         return tree
     blobs: dict[tuple[str, str | None], _Blob] = {}

@@ -1,0 +1,54 @@
+"""How step stores move large message payloads into a media store and back (one rule for every backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from step_persistence.media.protocol import MediaStore
+from step_persistence.media.walker import (
+    DEFAULT_THRESHOLD_BYTES,
+    externalize_media,
+    restore_media,
+    validate_threshold_bytes,
+)
+
+__all__ = ['DEFAULT_THRESHOLD_BYTES', 'MediaSetting', 'MessageMedia']
+
+MediaSetting = MediaStore | Literal['auto'] | None
+"""A store's `media_store=` argument: a media store, `'auto'` for the backend's default, or `None` for inline."""
+
+
+@dataclass(frozen=True)
+class MessageMedia:
+    """A step store's media policy: where payloads go (`None`: stay inline) and from what size."""
+
+    store: MediaStore | None
+    threshold_bytes: int
+
+    @classmethod
+    def resolve(
+        cls, setting: MediaSetting, threshold_bytes: int, *, default: Callable[[], MediaStore] | None
+    ) -> MessageMedia:
+        """The policy for a store's arguments; `default` builds the backend's own media store for `'auto'`."""
+        threshold = validate_threshold_bytes(threshold_bytes)
+        if setting == 'auto':
+            return cls(store=None if default is None else default(), threshold_bytes=threshold)
+        if setting is not None and not isinstance(setting, MediaStore):
+            raise TypeError(f"media_store must be a MediaStore, 'auto' or None, got {type(setting).__name__}")
+        return cls(store=setting, threshold_bytes=threshold)
+
+    async def pack(self, tree: Any) -> tuple[Any, bool]:
+        """The tree to persist for a message, and whether it went through the media walker."""
+        if self.store is None:
+            return tree, False
+        return await externalize_media(tree, media_store=self.store, threshold_bytes=self.threshold_bytes), True
+
+    async def unpack(self, tree: Any, *, externalized: bool) -> Any:
+        """The message tree as it was before `pack`; raises `ValueError` if it needs a media store this one lacks."""
+        if not externalized:
+            return tree
+        if self.store is None:
+            raise ValueError('this message was stored with its payloads in a media store; open the store with one')
+        return await restore_media(tree, media_store=self.store)
