@@ -7,8 +7,9 @@ import pytest
 
 from backends import BACKENDS, Backend, BackendSession, StoreMaker
 from servers.postgres import postgres_server
+from sql.databases import empty_database, postgres_database
 
-__all__ = ['postgres_server']
+__all__ = ['empty_database', 'postgres_database', 'postgres_server']
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.conftest import EmptyDatabase
+from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
 from step_persistence._history import encode_messages
 from step_persistence.stores.sql.schema import events, messages, snapshots, tool_effects

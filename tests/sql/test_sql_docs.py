@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.conftest import EmptyDatabase
+from sql.databases import EmptyDatabase
 from step_persistence import RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
 
 pytestmark = pytest.mark.anyio

@@ -9,7 +9,7 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRe
 from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.conftest import EmptyDatabase
+from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
 from step_persistence._history import HistoryEncoder
 from step_persistence.stores.sql.schema import messages, snapshots

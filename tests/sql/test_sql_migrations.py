@@ -16,7 +16,7 @@ from sqlalchemy import Column, Integer, MetaData, Table, func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.conftest import EmptyDatabase
+from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, from_spec
 from step_persistence._history import encode_messages
 from step_persistence.stores.sql import TABLE_NAMES, VERSION_TABLE, Base, include_name

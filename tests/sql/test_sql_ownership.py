@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sql.conftest import EmptyDatabase
+from sql.databases import EmptyDatabase
 from step_persistence import (
     ContinuableSnapshot,
     RunRecord,

@@ -1,4 +1,8 @@
-"""Fresh, empty SQL databases for the SQL store's own tests, on SQLite and on the session's PostgreSQL."""
+"""Fresh, empty SQL databases for the SQL store's own tests, on SQLite and on the session's PostgreSQL.
+
+The fixtures are registered in tests/conftest.py (a `conftest.py` here would shadow that one as the
+module `conftest`, which some tests import from).
+"""
 
 from __future__ import annotations
 
