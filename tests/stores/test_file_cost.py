@@ -66,7 +66,7 @@ async def test_bytes_per_append_stay_bounded_as_the_run_grows(tmp_path: Path) ->
         # byte of each file it catches up with, whatever the run's length.
         assert max(reads) <= 64, (name, max(reads))
         assert reads[-1] == reads[0], (name, reads[0], reads[-1])
-        assert max(writes) - min(writes) <= 16, (name, min(writes), max(writes))  # timestamps vary in length
+        assert max(writes) - min(writes) <= 32, (name, min(writes), max(writes))  # numbers gain digits
     snapshot_bytes = costs['save_snapshot'][-1][1]
     history_bytes = (tmp_path / 'long' / 'messages.jsonl').stat().st_size
     assert snapshot_bytes * 100 < history_bytes, 'a snapshot writes its new messages, not the history'

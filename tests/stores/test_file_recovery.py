@@ -145,7 +145,8 @@ async def test_a_file_changed_other_than_by_appends_is_read_again(store: FileSte
             lambda path: path.write_text(path.read_text().replace('"complete"', '"partial"')), id='unknown-state'
         ),
         pytest.param(
-            lambda path: path.write_text(path.read_text().replace('"message_ranges"', '"ranges"')), id='no-refs'
+            lambda path: path.write_text(path.read_text().replace('"through_message": 7', '"through_message": 6')),
+            id='wrong-history',
         ),
         pytest.param(lambda path: path.unlink(), id='missing'),
     ],

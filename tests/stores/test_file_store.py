@@ -23,6 +23,7 @@ from step_persistence import (
     ToolEffectRecord,
     from_spec,
 )
+from step_persistence.media import DiskMediaStore
 from step_persistence.run_ids import validate_path_safe_run_id
 from step_persistence.stores.file import store as store_module
 from step_persistence.stores.file._layout import MEDIA_DIRECTORY_NAME, RESERVED_NAMES, run_paths
@@ -84,12 +85,12 @@ async def test_a_run_is_a_directory_of_readable_json_files(tmp_path: Path) -> No
         'interrupted',
         'snap-2',
     )
-    assert second['message_ranges'] == [[1, 5]], 'snapshot 2 refers to the 5 messages of its history'
+    assert (second['history']['length'], second['history']['through_message']) == (5, 5)
     journal = [json.loads(line) for line in (run_dir / 'snapshots.jsonl').read_text().splitlines()]
     assert [(line['seq'], line['state']) for line in journal] == [(1, 'complete'), (2, 'interrupted')]
 
     messages = (run_dir / 'messages.jsonl').read_text().splitlines()
-    assert [json.loads(line)['no'] for line in messages] == [1, 2, 3, 4, 5]
+    assert [(json.loads(line)['no'], json.loads(line)['pos']) for line in messages] == [(n, n - 1) for n in range(1, 6)]
     assert sum('start run-1 ✓' in line for line in messages) == 1, 'a message shared by snapshots is stored once'
 
 
@@ -328,14 +329,27 @@ async def test_fsync_makes_files_and_directory_entries_durable(tmp_path: Path, m
 
 @pytest.mark.parametrize('bad', [0, -1, 1.5, '64', True])
 def test_media_threshold_must_be_a_positive_int(tmp_path: Path, bad: object) -> None:
-    with pytest.raises(ValueError, match='media_threshold_bytes'):
+    with pytest.raises(ValueError, match='threshold_bytes'):
         FileStepStore(tmp_path, media_threshold_bytes=bad)  # type: ignore[arg-type]
+
+
+def test_media_store_must_be_a_media_store_auto_or_none(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match='media_store'):
+        FileStepStore(tmp_path, media_store='disk')  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize('bad', ['false', 0, None])
+def test_fsync_must_be_a_bool(tmp_path: Path, bad: object) -> None:
+    with pytest.raises(ValueError, match='fsync'):
+        FileStepStore(tmp_path, fsync=bad)  # type: ignore[arg-type]
 
 
 def test_media_options_are_kept(tmp_path: Path) -> None:
     store = FileStepStore(tmp_path, media_store=None, media_threshold_bytes=10)
     assert (store.media_store, store.media_threshold_bytes) == (None, 10)
-    assert FileStepStore(tmp_path).media_store == 'auto'
+    assert (FileStepStore(tmp_path).media_store, FileStepStore(tmp_path).media_threshold_bytes) == ('auto', 65536)
+    disk = DiskMediaStore(tmp_path / 'blobs')
+    assert FileStepStore(tmp_path, media_store=disk).media_store is disk
 
 
 async def test_from_spec_builds_file_stores(tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from step_persistence._history import unpack_refs
 from step_persistence.records import SNAPSHOT_STATES, ContinuableSnapshot, RunRecord, SnapshotState
 
 __all__ = [
+    'HistoryRef',
     'SnapshotEntry',
     'dump_run_file',
     'dump_snapshot_file',
@@ -24,6 +24,7 @@ __all__ = [
     'load_run_file',
     'load_snapshot_file',
     'load_snapshot_journal_line',
+    'natural_number',
 ]
 
 
@@ -52,17 +53,55 @@ def load_run_file(data: bytes) -> tuple[RunRecord, int]:
     return RunRecord.model_validate(value.get('run')), registered_ns
 
 
-def dump_snapshot_file(snapshot: ContinuableSnapshot, seq: int, message_ranges: list[list[int]]) -> bytes:
-    """`snapshots/<seq>.json`: the snapshot's fields, with its messages as ranges of message numbers."""
+def natural_number(value: object, what: str) -> int:
+    """`value` if it is an int >= 0; otherwise raise `ValueError` naming `what`."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f'{what} must be an int >= 0, got {value!r}')
+    return value
+
+
+@dataclass(frozen=True)
+class HistoryRef:
+    """Which stored messages make up a snapshot's history, in O(1) space.
+
+    Message `i` of the history is the last line of `messages.jsonl` for position `i` whose number
+    is at most `through_message`. `checksum` covers the digests of the chosen messages and their
+    positions, so a damaged or missing line makes the snapshot unreadable instead of silently
+    different.
+    """
+
+    length: int
+    through_message: int
+    checksum: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {'length': self.length, 'through_message': self.through_message, 'checksum': self.checksum}
+
+    @classmethod
+    def from_json(cls, value: object) -> HistoryRef:
+        if not isinstance(value, dict):
+            raise ValueError(f'a snapshot history reference must be a JSON object, got {value!r}')
+        checksum = value.get('checksum')
+        if not isinstance(checksum, str):
+            raise ValueError(f'a snapshot history reference needs a checksum string, got {checksum!r}')
+        return cls(
+            length=natural_number(value.get('length'), 'history length'),
+            through_message=natural_number(value.get('through_message'), 'history through_message'),
+            checksum=checksum,
+        )
+
+
+def dump_snapshot_file(snapshot: ContinuableSnapshot, seq: int, history: HistoryRef) -> bytes:
+    """`snapshots/<seq>.json`: the snapshot's fields, with a reference to its stored messages."""
     header = snapshot.model_dump(mode='json', exclude={'messages', 'seq'})
-    return _indented({'seq': seq, **header, 'message_ranges': message_ranges})
+    return _indented({'seq': seq, **header, 'history': history.to_json()})
 
 
-def load_snapshot_file(data: bytes) -> tuple[ContinuableSnapshot, list[int]]:
-    """The snapshot (with no messages yet) and the numbers of its messages, in history order."""
+def load_snapshot_file(data: bytes) -> tuple[ContinuableSnapshot, HistoryRef]:
+    """The snapshot (with no messages yet) and the reference to its messages."""
     value = json_object(data, 'snapshot file')
-    numbers = unpack_refs(value.pop('message_ranges', None))
-    return ContinuableSnapshot.model_validate({**value, 'messages': []}), numbers
+    history = HistoryRef.from_json(value.pop('history', None))
+    return ContinuableSnapshot.model_validate({**value, 'messages': []}), history
 
 
 @dataclass(frozen=True)

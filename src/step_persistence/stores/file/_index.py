@@ -1,6 +1,6 @@
 """What a process knows about each run's files, kept up to date incrementally.
 
-Idempotency keys, message numbers, snapshot sequence numbers and tool-effect records are derived
+Idempotency keys, stored message versions, snapshot sequence numbers and tool-effect records are derived
 from the run's `.jsonl` files. A process builds them the first time it touches a run (one full
 read), then only reads what was appended since, so an append costs the same on the first step
 and the ten-thousandth.
@@ -10,19 +10,24 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from pathlib import Path
 
-from step_persistence._history import EncodedMessage
 from step_persistence.records import SnapshotState, ToolEffectRecord
 from step_persistence.retention import retained_seqs
 from step_persistence.stores.file._codec import SnapshotEntry, json_object, load_snapshot_journal_line
 from step_persistence.stores.file._io import FileIo, Span
 from step_persistence.stores.file._journal import Journal
 from step_persistence.stores.file._layout import RunPaths
-from step_persistence.stores.file._messages import MessageEntry, load_message_entry, message_line
+from step_persistence.stores.file._message_journal import MessageJournal
 
-__all__ = ['EffectJournal', 'EventJournal', 'IndexCache', 'MessageJournal', 'RunIndex', 'SnapshotJournal']
+__all__ = [
+    'EffectJournal',
+    'EventJournal',
+    'IndexCache',
+    'RunIndex',
+    'SnapshotJournal',
+]
 
 
 class EventJournal(Journal[str | None]):
@@ -40,38 +45,6 @@ class EventJournal(Journal[str | None]):
     def apply(self, entry: str | None, span: Span) -> None:
         if entry is not None:
             self.keys.add(entry)
-
-
-class MessageJournal(Journal[MessageEntry]):
-    """`messages.jsonl`, indexed by message digest and number."""
-
-    def clear(self) -> None:
-        self.numbers: dict[str, int] = {}
-        """digest -> the number of the first line storing that message."""
-        self.spans: dict[int, Span] = {}
-        self.next_number = 1
-
-    def parse(self, line: bytes) -> MessageEntry:
-        return load_message_entry(line)
-
-    def apply(self, entry: MessageEntry, span: Span) -> None:
-        self.numbers.setdefault(entry.digest, entry.number)
-        self.spans[entry.number] = span
-        self.next_number = max(self.next_number, entry.number + 1)
-
-    def store(self, io: FileIo, messages: Sequence[EncodedMessage]) -> list[int]:
-        """The numbers of `messages`, appending (in one write) those the run has not stored yet."""
-        numbers: list[int] = []
-        new: dict[str, int] = {}
-        lines: list[tuple[bytes, MessageEntry]] = []
-        for message in messages:
-            number = self.numbers.get(message.digest, new.get(message.digest))
-            if number is None:
-                number = new[message.digest] = self.next_number + len(lines)
-                lines.append((message_line(number, message), MessageEntry(number=number, digest=message.digest)))
-            numbers.append(number)
-        self.append(io, lines)
-        return numbers
 
 
 class SnapshotJournal(Journal[SnapshotEntry]):

@@ -44,7 +44,7 @@ def locked_run(lock_file: Path, *, exclusive: bool, io: FileIo) -> Iterator[str]
         try:
             fd = os.open(lock_file, os.O_RDONLY)
         except FileNotFoundError:
-            raise RunNotRegistered(f'run directory {lock_file.parent} does not exist') from None
+            raise RunNotRegistered(f'run {lock_file.parent.name!r} is not registered') from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             if _is_current(fd, lock_file):

@@ -17,10 +17,11 @@ from typing import Self, TypeVar
 
 import anyio.to_thread
 
-from step_persistence._history import decode_messages, pack_refs
+from step_persistence._history import decode_messages
 from step_persistence._reading import read_or_skip
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, merge_tool_effect
 from step_persistence.retention import validate_max_snapshots
+from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
 from step_persistence.stores.file._codec import (
     SnapshotEntry,
     dump_run_file,
@@ -67,27 +68,22 @@ class _RegistrationClock:
 _REGISTRATION_CLOCK = _RegistrationClock()
 
 
-def _validate_threshold(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'media_threshold_bytes must be an int >= 1, got {value!r}')
-    return value
-
-
 class FileStepStore:
     """Stores runs as plain JSON files under `directory`, one directory per run.
 
     Every run id is validated (`[A-Za-z0-9_.-]{1,200}`, no `..`, not `.`) before the disk is
-    touched; any method given an invalid one raises `ValueError`, reads included. Writers of one run are
-    serialized by a lock file, so several threads and processes can share a directory on a local
-    filesystem (POSIX only). Snapshots store each distinct message of a run once and refer to it
-    by number, so the bytes read and written by `append_event`, `save_snapshot` and
-    `record_tool_effect` do not grow with the run (`io_counters` counts them).
+    touched; any method given an invalid one raises `ValueError`, reads included. Writers of one
+    run are serialized by a lock file, so several threads and processes can share a directory on
+    a local filesystem (POSIX only); calls on one run take effect in the order they were made.
+    A snapshot writes only the messages that changed since the run's last stored version and
+    refers to its history in constant space, so the bytes read and written by `append_event`,
+    `save_snapshot` and `record_tool_effect` do not grow with the run (`io_counters` counts them).
 
     `fsync=True` (the default) makes every write durable before the call returns, so a power
     loss cannot lose an acknowledged write; `fsync=False` keeps writes safe against a crash of
     the process only, and is faster.
 
-    `media_store` and `media_threshold_bytes` are accepted and kept for media support; until it
+    `media_store` and `media_threshold_bytes` are validated and kept for media support; until it
     arrives every message is stored inline (see `step_persistence.stores.file._messages`).
     """
 
@@ -95,16 +91,19 @@ class FileStepStore:
         self,
         directory: str | os.PathLike[str],
         *,
-        media_store: object = 'auto',
-        media_threshold_bytes: int = 65536,
+        media_store: MediaSetting = 'auto',
+        media_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
         max_snapshots_per_run: int | None = None,
         fsync: bool = True,
     ) -> None:
         self.directory = Path(directory)
+        MessageMedia.resolve(media_store, media_threshold_bytes, default=None)  # validation only, for now
         self.media_store = media_store
         """`'auto'` (a disk media store under `media_directory`), a media store, or `None` (inline)."""
-        self.media_threshold_bytes = _validate_threshold(media_threshold_bytes)
+        self.media_threshold_bytes = media_threshold_bytes
         self.max_snapshots_per_run = validate_max_snapshots(max_snapshots_per_run)
+        if not isinstance(fsync, bool):
+            raise ValueError(f'fsync must be True or False, got {fsync!r}')
         self.fsync = fsync
         self._io = FileIo(fsync=fsync)
         self._indexes = IndexCache(INDEX_CACHE_CAPACITY)
@@ -275,9 +274,9 @@ class FileStepStore:
             if key is not None and key in journal.keys:
                 return
             index.messages.catch_up(self._io)
-            numbers = index.messages.store(self._io, encoded)
+            history = index.messages.store(self._io, encoded)
             seq = journal.next_seq
-            self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, pack_refs(numbers)))
+            self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, history))
             entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key)
             journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq), entry)])
             for pruned in journal.pruned:
@@ -303,9 +302,11 @@ class FileStepStore:
             with self._session(run_id, exclusive=False) as index:
                 index.snapshots.catch_up(self._io)
                 index.messages.catch_up(self._io)
-                seqs = [seq for seq, state in index.snapshots.retained if include_interrupted or state == 'complete']
+                retained = index.snapshots.retained
                 found: list[ContinuableSnapshot] = []
-                for seq in reversed(seqs) if newest_only else seqs:
+                for seq, state in reversed(retained) if newest_only else retained:
+                    if state != 'complete' and not include_interrupted:
+                        continue
                     path = index.paths.snapshot(seq)
                     snapshot = read_or_skip(f'snapshot {path}', partial(self._load_snapshot, index, seq))
                     if snapshot is not None:
@@ -317,14 +318,12 @@ class FileStepStore:
             return []
 
     def _load_snapshot(self, index: RunIndex, seq: int) -> ContinuableSnapshot:
-        header, numbers = load_snapshot_file(self._io.read_all(index.paths.snapshot(seq)))
+        header, history = load_snapshot_file(self._io.read_all(index.paths.snapshot(seq)))
         if header.seq != seq:
             raise ValueError(f'the file of snapshot {seq} holds snapshot {header.seq}')
-        missing = [number for number in numbers if number not in index.messages.spans]
-        if missing:
-            raise ValueError(f'messages {missing[:5]} are not in {index.paths.messages}')
-        lines = self._io.read_spans(index.paths.messages, [index.messages.spans[number] for number in numbers])
-        trees = [message_tree(number, line) for number, line in zip(numbers, lines, strict=True)]
+        versions = index.messages.resolve(history)
+        lines = self._io.read_spans(index.paths.messages, [version.span for version in versions])
+        trees = [message_tree(version.number, line) for version, line in zip(versions, lines, strict=True)]
         return header.model_copy(update={'messages': decode_messages(trees)})
 
     # --- tool effects ---

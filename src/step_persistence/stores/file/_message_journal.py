@@ -1,0 +1,123 @@
+"""`messages.jsonl`, indexed by history position, and the references snapshots make into it.
+
+Each position of the run's history has the versions stored for it, in number order. Saving a
+snapshot appends only the positions whose message differs from the latest stored version, and
+returns a `HistoryRef` of constant size. Finding those positions compares digests, and the
+reference's checksum is kept up to date as versions are applied, so a save costs a few list
+operations per message of the history and no hashing of the whole history.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from operator import ne
+
+from step_persistence._history import EncodedMessage
+from step_persistence.stores.file._codec import HistoryRef
+from step_persistence.stores.file._io import FileIo, Span
+from step_persistence.stores.file._journal import Journal
+from step_persistence.stores.file._messages import MessageEntry, load_message_entry, message_line
+
+__all__ = ['MessageJournal', 'MessageVersion', 'history_checksum']
+
+_MODULUS = 1 << 256
+
+
+def _term(position: int, digest: str) -> int:
+    return int.from_bytes(hashlib.sha256(f'{position}:{digest}'.encode('ascii')).digest(), 'big')
+
+
+def _hex(total: int) -> str:
+    return f'{total % _MODULUS:064x}'
+
+
+def history_checksum(digests: Iterable[str]) -> str:
+    """The checksum of a history: the sum of SHA-256(`position:digest`) over its messages, mod 2**256.
+
+    A sum rather than a chain, so that it can be updated one position at a time. It detects
+    damaged or missing lines, not deliberate tampering.
+    """
+    return _hex(sum(_term(position, digest) for position, digest in enumerate(digests)))
+
+
+@dataclass(frozen=True)
+class MessageVersion:
+    """One stored version of the message at some history position."""
+
+    number: int
+    digest: str
+    span: Span
+
+
+class MessageJournal(Journal[MessageEntry]):
+    """`messages.jsonl`, indexed by history position: every stored version, in number order."""
+
+    def clear(self) -> None:
+        self.versions: list[list[MessageVersion]] = []
+        """Per history position, the versions stored for it, oldest first."""
+        self.latest: list[str | None] = []
+        """Per history position, the digest of its latest version (`None` if it has none)."""
+        self._latest_total = 0
+        """The sum of the checksum terms of the latest versions."""
+        self.next_number = 1
+
+    def parse(self, line: bytes) -> MessageEntry:
+        return load_message_entry(line)
+
+    def apply(self, entry: MessageEntry, span: Span) -> None:
+        position = entry.position
+        while len(self.versions) <= position:
+            self.versions.append([])
+            self.latest.append(None)
+        previous = self.latest[position]
+        if previous is not None:
+            self._latest_total -= _term(position, previous)
+        self.latest[position] = entry.digest
+        self._latest_total += _term(position, entry.digest)
+        self.versions[position].append(MessageVersion(entry.number, entry.digest, span))
+        self.next_number = max(self.next_number, entry.number + 1)
+
+    def store(self, io: FileIo, messages: Sequence[EncodedMessage]) -> HistoryRef:
+        """Append (in one write) the messages that differ from the latest stored version at their position.
+
+        Returns the reference to `messages` as now stored; the journal must be caught up, under the
+        run's exclusive lock.
+        """
+        digests = [message.digest for message in messages]
+        common = min(len(digests), len(self.latest))
+        changed: list[int] = []
+        if digests[:common] != self.latest[:common]:  # compared in C; usually only the tail differs
+            changed.extend(compress(range(common), map(ne, digests, self.latest)))
+        changed.extend(range(common, len(digests)))
+        self.append(
+            io,
+            [
+                (message_line(number, position, messages[position]), MessageEntry(number, position, digests[position]))
+                for number, position in enumerate(changed, start=self.next_number)
+            ],
+        )
+        beyond = sum(
+            _term(position, digest)
+            for position, digest in enumerate(self.latest[len(digests) :], start=len(digests))
+            if digest is not None
+        )
+        return HistoryRef(
+            length=len(digests), through_message=self.next_number - 1, checksum=_hex(self._latest_total - beyond)
+        )
+
+    def resolve(self, history: HistoryRef) -> list[MessageVersion]:
+        """The stored versions that make up `history`; `ValueError` if they are missing or do not match it."""
+        chosen: list[MessageVersion] = []
+        for position in range(history.length):
+            stored = self.versions[position] if position < len(self.versions) else []
+            index = bisect_right(stored, history.through_message, key=lambda version: version.number)
+            if index == 0:
+                raise ValueError(f'no stored message at position {position} up to number {history.through_message}')
+            chosen.append(stored[index - 1])
+        if history_checksum(version.digest for version in chosen) != history.checksum:
+            raise ValueError('the stored messages do not match the snapshot (a damaged or missing messages.jsonl line)')
+        return chosen
