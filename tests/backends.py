@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from servers.postgres import PostgresServer
-from step_persistence import InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepStore
+from step_persistence import FileStepStore, InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepStore
 
 StoreMaker = Callable[..., Any]
 """`await make(**options)` returns a new store over the test's location."""
@@ -62,6 +62,16 @@ async def closing(
 
 def _memory(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[BackendSession]:
     return closing(InMemoryStepStore)
+
+
+def _file(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[BackendSession]:
+    """Each store in a fresh directory; the spec names one more, shared by every process of the test."""
+    root: Path = request.getfixturevalue('tmp_path')
+    directories = (root / f'file-store-{number}' for number in itertools.count())
+    return closing(
+        lambda **options: FileStepStore(next(directories), **options),
+        spec=lambda **options: {'backend': 'file', 'directory': str(root / 'shared-file-store'), **options},
+    )
 
 
 def _sqlite(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[BackendSession]:
@@ -120,6 +130,7 @@ async def _postgres(request: pytest.FixtureRequest) -> AsyncIterator[BackendSess
 
 BACKENDS: dict[str, Backend] = {
     'memory': Backend(name='memory', open=_memory),
+    'file': Backend(name='file', open=_file),
     'sqlite': Backend(name='sqlite', open=_sqlite),
     'postgres': Backend(name='postgres', open=_postgres),
 }
