@@ -31,6 +31,12 @@ class BackendSession:
     """`from_spec(**spec(**options))` opens the same data in another process; `None` if process-local."""
 
 
+def spec_of(session: BackendSession, **options: Any) -> dict[str, Any]:
+    """The `from_spec` arguments that open `session`'s data in another process."""
+    assert session.spec is not None, 'a durable backend says how another process opens its data'
+    return session.spec(**options)
+
+
 @dataclass(frozen=True)
 class Backend:
     """How to open stores of one backend for one test."""

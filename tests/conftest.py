@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from typing import Any
 
 import pytest
 
@@ -43,8 +42,3 @@ async def durable_session(durable_backend: Backend, request: pytest.FixtureReque
     async with durable_backend.open(request) as session:
         assert session.spec is not None, f'{durable_backend.name} must say how another process opens its data'
         yield session
-
-
-def spec_of(session: BackendSession, **options: Any) -> dict[str, Any]:
-    assert session.spec is not None
-    return session.spec(**options)

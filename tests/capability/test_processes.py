@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 from pydantic_ai import Agent
 
-from backends import BackendSession
-from conftest import spec_of
+from backends import BackendSession, spec_of
 from scripted import scripted, text
 from step_persistence import continue_run, from_spec, inspect_recovery, is_provider_valid
 
