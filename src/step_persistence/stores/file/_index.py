@@ -1,9 +1,9 @@
 """What a process knows about each run's files, kept up to date incrementally.
 
-Idempotency keys, stored message versions, snapshot sequence numbers and tool-effect records are derived
-from the run's `.jsonl` files. A process builds them the first time it touches a run (one full
-read), then only reads what was appended since, so an append costs the same on the first step
-and the ten-thousandth.
+Idempotency keys, stored message versions, snapshot sequence numbers and tool-effect records are
+derived from the run's `.jsonl` files. A process builds them the first time it touches a run (one
+full read), then only reads what was appended since, so an append costs the same on the first
+step and the ten-thousandth.
 """
 
 from __future__ import annotations
@@ -21,13 +21,7 @@ from step_persistence.stores.file._journal import Journal
 from step_persistence.stores.file._layout import RunPaths
 from step_persistence.stores.file._message_journal import MessageJournal
 
-__all__ = [
-    'EffectJournal',
-    'EventJournal',
-    'IndexCache',
-    'RunIndex',
-    'SnapshotJournal',
-]
+__all__ = ['EffectJournal', 'EventJournal', 'IndexCache', 'RunIndex', 'SnapshotJournal']
 
 
 class EventJournal(Journal[str | None]):

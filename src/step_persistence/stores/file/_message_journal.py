@@ -14,7 +14,7 @@ from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import compress
-from operator import ne
+from operator import attrgetter, ne
 
 from step_persistence._history import EncodedMessage
 from step_persistence.stores.file._codec import HistoryRef
@@ -25,6 +25,7 @@ from step_persistence.stores.file._messages import MessageEntry, load_message_en
 __all__ = ['MessageJournal', 'MessageVersion', 'history_checksum']
 
 _MODULUS = 1 << 256
+_DIGEST = attrgetter('digest')
 
 
 def _term(position: int, digest: str) -> int:
@@ -87,7 +88,7 @@ class MessageJournal(Journal[MessageEntry]):
         Returns the reference to `messages` as now stored; the journal must be caught up, under the
         run's exclusive lock.
         """
-        digests = [message.digest for message in messages]
+        digests = list(map(_DIGEST, messages))
         common = min(len(digests), len(self.latest))
         changed: list[int] = []
         if digests[:common] != self.latest[:common]:  # compared in C; usually only the tail differs
