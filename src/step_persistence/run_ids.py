@@ -38,9 +38,10 @@ def derive_run_id(agent_name: str, pydantic_run_id: str) -> str:
 
 
 def validate_path_safe_run_id(run_id: str) -> str:
-    """Return `run_id` if it matches `[A-Za-z0-9_.-]{1,200}` and has no `..`; otherwise raise `ValueError`."""
-    if not isinstance(run_id, str) or not _PATH_SAFE.fullmatch(run_id) or '..' in run_id:
+    """Return `run_id` if it matches `[A-Za-z0-9_.-]{1,200}`, has no `..` and is not `.`; else raise `ValueError`."""
+    if not isinstance(run_id, str) or not _PATH_SAFE.fullmatch(run_id) or '..' in run_id or run_id == '.':
         raise ValueError(
-            f'run_id {run_id!r} is not path-safe: it must match [A-Za-z0-9_.-]{{1,200}} and not contain ".."'
+            f'run_id {run_id!r} is not path-safe: it must match [A-Za-z0-9_.-]{{1,200}}, '
+            'not contain "..", and not be "."'
         )
     return run_id

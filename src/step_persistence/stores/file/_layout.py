@@ -31,7 +31,6 @@ __all__ = [
     'RunPaths',
     'is_run_directory_name',
     'run_paths',
-    'validate_run_directory_name',
 ]
 
 MEDIA_DIRECTORY_NAME = '@media'
@@ -85,22 +84,10 @@ class RunPaths:
         return (self.events, self.tool_effects, self.messages, self.snapshot_journal)
 
 
-def validate_run_directory_name(run_id: str) -> str:
-    """Return `run_id` if it can name a run directory; otherwise raise `ValueError`.
-
-    On top of `validate_path_safe_run_id`, rejects `.`: it passes that rule but names the store's
-    own directory.
-    """
-    validate_path_safe_run_id(run_id)
-    if run_id == '.':
-        raise ValueError("run_id '.' is not path-safe: it names the store's own directory")
-    return run_id
-
-
 def is_run_directory_name(name: str) -> bool:
     """Whether `name`, found in the store's directory, can be a run's directory."""
     try:
-        validate_run_directory_name(name)
+        validate_path_safe_run_id(name)
     except ValueError:
         return False
     return True
@@ -108,4 +95,4 @@ def is_run_directory_name(name: str) -> bool:
 
 def run_paths(root: Path, run_id: str) -> RunPaths:
     """The paths of run `run_id` under `root`; raises `ValueError` for a run id that is not path-safe."""
-    return RunPaths(root / validate_run_directory_name(run_id))
+    return RunPaths(root / validate_path_safe_run_id(run_id))
