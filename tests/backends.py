@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
+from servers.mongo import Driver, MongoServer
 from servers.postgres import PostgresServer
 from step_persistence import FileStepStore, InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepStore
+from step_persistence.stores.mongo import MongoStepStore
 
 StoreMaker = Callable[..., Any]
 """`await make(**options)` returns a new store over the test's location."""
@@ -134,8 +136,23 @@ async def _postgres(request: pytest.FixtureRequest) -> AsyncIterator[BackendSess
             await server.drop_database(database)
 
 
+@asynccontextmanager
+async def _mongo(request: pytest.FixtureRequest, driver: Driver) -> AsyncIterator[BackendSession]:
+    """Each store on a fresh database through one `driver` client; the spec (a URL) names one more."""
+    server: MongoServer = request.getfixturevalue('mongo_server')
+    async with server.scratch(driver) as scratch:
+        shared = scratch.fresh_database()
+        async with closing(
+            lambda **options: MongoStepStore(client=scratch.client, database=scratch.fresh_database(), **options),
+            spec=lambda **options: {'backend': 'mongo', 'db_url': server.uri, 'database': shared, **options},
+        ) as session:
+            yield session
+
+
 BACKENDS: dict[str, Backend] = {
     'memory': Backend(name='memory', open=_memory),
+    'mongo': Backend(name='mongo', open=lambda request: _mongo(request, 'pymongo')),
+    'motor': Backend(name='motor', open=lambda request: _mongo(request, 'motor')),
     'file': Backend(name='file', open=_file),
     'sqlite': Backend(name='sqlite', open=_sqlite),
     'postgres': Backend(name='postgres', open=_postgres),

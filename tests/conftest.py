@@ -5,10 +5,11 @@ from collections.abc import AsyncIterator
 import pytest
 
 from backends import BACKENDS, Backend, BackendSession, StoreMaker
+from servers.mongo import mongo_server
 from servers.postgres import postgres_server
 from sql.databases import empty_database, postgres_database
 
-__all__ = ['empty_database', 'postgres_database', 'postgres_server']
+__all__ = ['empty_database', 'mongo_server', 'postgres_database', 'postgres_server']
 
 
 @pytest.fixture

@@ -1,5 +1,7 @@
 """Durable, inspectable step-by-step persistence for pydantic-ai agent runs."""
 
+from typing import TYPE_CHECKING, Any
+
 from step_persistence.capability import SnapshotSaved, StepPersistence
 from step_persistence.helpers import (
     RecoveryReport,
@@ -24,11 +26,15 @@ from step_persistence.stores.file import FileStepStore
 from step_persistence.stores.memory import InMemoryStepStore
 from step_persistence.stores.sql import PostgresStepStore, SqliteStepStore, SqlStepStore
 
+if TYPE_CHECKING:
+    from step_persistence.stores.mongo import MongoStepStore
+
 __all__ = [
     'ContinuableSnapshot',
     'EventKind',
     'FileStepStore',
     'InMemoryStepStore',
+    'MongoStepStore',
     'PostgresStepStore',
     'RecoveryReport',
     'RunRecord',
@@ -48,3 +54,12 @@ __all__ = [
     'inspect_recovery',
     'is_provider_valid',
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import `MongoStepStore` on first use, so that the package works without the MongoDB driver."""
+    if name == 'MongoStepStore':
+        from step_persistence.stores.mongo import MongoStepStore
+
+        return MongoStepStore
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

@@ -51,13 +51,41 @@ def _postgres(url: str | None, options: dict[str, Any]) -> StepStore:
     return PostgresStepStore(url or given, **options)
 
 
+def _mongo(url: str | None, options: dict[str, Any]) -> StepStore:
+    """`mongodb://host/db` or `mongodb+srv://host/db` (or `database=`), or the name `'mongo'` with `db_url=`."""
+    from step_persistence.stores.mongo import MongoStepStore
+
+    options = dict(options)
+    if url is not None:
+        if 'db_url' in options:
+            raise ValueError('give the MongoDB store its URL as the backend or as db_url=, not both')
+        options['db_url'] = url
+        options.setdefault('database', _mongo_database(url))
+    if options.get('database') is None:
+        raise ValueError('name the MongoDB database in the URL (mongodb://host/<database>) or as database=')
+    return MongoStepStore(**options)
+
+
+def _mongo_database(url: str) -> str | None:
+    """The database named by the path of a MongoDB URL (`mongodb://user@h1,h2/<database>?options`)."""
+    location = url.split('://', 1)[1].split('?', 1)[0]
+    return unquote(location.rpartition('@')[2].partition('/')[2]) or None
+
+
 _BACKENDS: dict[str, Callable[[str | None, dict[str, Any]], StepStore]] = {
     'memory': _memory,
     'file': _file,
     'sqlite': _sqlite,
     'postgres': _postgres,
+    'mongo': _mongo,
 }
-_URL_SCHEMES: dict[str, str] = {'memory': 'memory', 'file': 'file', 'sqlite': 'sqlite', 'postgresql': 'postgres'}
+_URL_SCHEMES: dict[str, str] = {
+    'memory': 'memory',
+    'file': 'file',
+    'sqlite': 'sqlite',
+    'postgresql': 'postgres',
+    'mongodb': 'mongo',
+}
 
 
 def supported_backends() -> list[str]:

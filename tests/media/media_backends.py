@@ -17,8 +17,10 @@ from typing import Any
 import anyio.to_thread
 import pytest
 
+from servers.mongo import Driver, MongoServer
 from servers.s3 import S3Server
 from step_persistence.media import DiskMediaStore, MediaContext, MediaStore, S3MediaStore
+from step_persistence.media.mongo import MongoMediaStore
 
 MediaStoreMaker = Callable[..., MediaStore]
 """`make(**options)` returns a new store over the test's location; options: `key_strategy`, `public_url`."""
@@ -94,7 +96,27 @@ def _s3(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[MediaSess
     return closing(build, corrupt)
 
 
+@asynccontextmanager
+async def _mongo(request: pytest.FixtureRequest, driver: Driver) -> AsyncIterator[MediaSession]:
+    """The test's stores share a fresh database, reached through one `driver` client."""
+    server: MongoServer = request.getfixturevalue('mongo_server')
+    async with server.scratch(driver) as scratch:
+        database = scratch.client[scratch.fresh_database()]
+
+        async def corrupt(store: MediaStore, uri: str, context: MediaContext, data: bytes) -> None:
+            assert isinstance(store, MongoMediaStore)
+            manifest = await database['media'].find_one({'_id': store.key_for(uri, context=context)})
+            await database['media_chunks'].update_one({'files_id': manifest['files_id']}, {'$set': {'data': data}})
+
+        async with closing(
+            lambda **options: MongoMediaStore(client=scratch.client, database=database.name, **options), corrupt
+        ) as session:
+            yield session
+
+
 MEDIA_BACKENDS: dict[str, MediaBackend] = {
     'disk': MediaBackend(name='disk', open=_disk),
+    'mongo': MediaBackend(name='mongo', open=lambda request: _mongo(request, 'pymongo')),
+    'motor': MediaBackend(name='motor', open=lambda request: _mongo(request, 'motor')),
     's3': MediaBackend(name='s3', open=_s3),
 }

@@ -1,0 +1,180 @@
+"""`MongoMediaStore`: blobs in MongoDB as a manifest document plus content-addressed chunks.
+
+`<collection>` holds one manifest per blob: `_id` (the key; by default the blob's SHA-256),
+`digest`, `size`, `files_id`, `chunk_size`, `chunks` (count), `media_type`, `filename` and
+`metadata` (a JSON object as text, so any key round-trips). `<collection>_chunks` holds the bytes
+in documents `{files_id, n, data}` with a unique index on `(files_id, n)`, so a blob larger than
+MongoDB's 16 MiB document limit stores fine. `files_id` is `<sha256>/<chunk_size>`: chunks are
+addressed by content (stores of one collection share them) and by how the content was cut, so
+writers with different chunk sizes never mix their chunks. Chunks are written before the
+manifest: a reader never sees a manifest without all its chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any, Final, Self
+
+from bson import Binary
+from pymongo import ASCENDING, IndexModel
+from pymongo.errors import BulkWriteError, DuplicateKeyError
+
+from step_persistence.media.keys import blob_key, resolve_public_url
+from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver
+from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
+from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
+from step_persistence.stores.mongo._indexes import IndexSetup
+
+__all__ = ['DEFAULT_CHUNK_SIZE_BYTES', 'MAX_CHUNK_SIZE_BYTES', 'MongoMediaStore', 'digest_key']
+
+DEFAULT_CHUNK_SIZE_BYTES: Final = 8 * 1024 * 1024
+MAX_CHUNK_SIZE_BYTES: Final = 16 * 1024 * 1024 - 64 * 1024
+"""The largest chunk that still fits a 16 MiB document with its other fields."""
+
+
+def digest_key(digest: str, context: MediaContext) -> str:
+    """The default key strategy of `MongoMediaStore`: the blob's SHA-256 itself."""
+    return digest
+
+
+def _check_chunk_size(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHUNK_SIZE_BYTES:
+        raise ValueError(f'chunk_size_bytes must be an int from 1 to {MAX_CHUNK_SIZE_BYTES}, got {value!r}')
+    return value
+
+
+def _only_duplicates(error: BulkWriteError) -> bool:
+    return not error.details.get('writeConcernErrors') and all(
+        failure.get('code') == 11000 for failure in error.details.get('writeErrors', [])
+    )
+
+
+class MongoMediaStore:
+    """Content-addressed blobs in a MongoDB database (see the module docstring for the layout).
+
+    Give exactly one of `client` (a pymongo `AsyncMongoClient` or motor `AsyncIOMotorClient`,
+    never closed by the store) or `db_url` (the store builds a client and closes it in
+    `aclose()`). Putting bytes already stored under the same key writes nothing and keeps the
+    first metadata. Reads reassemble the chunks and check them against the digest (`ValueError`
+    if they differ or a chunk is missing). `key_strategy` picks the manifest's `_id` (default:
+    the SHA-256); `public_url` resolves URLs for blobs served by some other means.
+    """
+
+    def __init__(
+        self,
+        *,
+        client: MongoClientLike | None = None,
+        db_url: str | None = None,
+        database: str,
+        collection: str = 'media',
+        chunk_size_bytes: int = DEFAULT_CHUNK_SIZE_BYTES,
+        key_strategy: KeyStrategy = digest_key,
+        public_url: PublicUrlResolver | None = None,
+    ) -> None:
+        if not isinstance(collection, str) or not collection:
+            raise ValueError(f'collection must be a non-empty str, got {collection!r}')
+        self.chunk_size_bytes = _check_chunk_size(chunk_size_bytes)
+        self._connection = MongoConnection.open(client=client, db_url=db_url)
+        database_handle = self._connection.database(database)
+        self._manifests = database_handle[collection]
+        self._chunks = database_handle[f'{collection}_chunks']
+        chunk_index = IndexModel([('files_id', ASCENDING), ('n', ASCENDING)], name='files_id_n', unique=True)
+        self._indexes = IndexSetup(database_handle, {self._chunks.name: [chunk_index]})
+        self._key_strategy = key_strategy
+        self._public_url = public_url
+
+    def __repr__(self) -> str:
+        return f'{type(self).__name__}(collection={self._manifests.full_name!r})'
+
+    def key_for(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str:
+        """The manifest `_id` of the blob at `uri` (`ValueError` for a malformed URI or unsafe key)."""
+        return blob_key(self._key_strategy, uri, context)
+
+    async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
+        uri = media_uri_for(data)
+        key = self.key_for(uri, context=context)
+        if await self._manifests.find_one({'_id': key}, {'_id': 1}) is not None:
+            return uri
+        await self._indexes.ensure()
+        digest = parse_media_uri(uri)
+        files_id = f'{digest}/{self.chunk_size_bytes}'
+        view = memoryview(data)
+        size = len(view)
+        chunks = [
+            {'files_id': files_id, 'n': n, 'data': Binary(bytes(view[start : start + self.chunk_size_bytes]))}
+            for n, start in enumerate(range(0, size, self.chunk_size_bytes))
+        ]
+        if chunks:
+            try:
+                await self._chunks.insert_many(chunks, ordered=False)
+            except BulkWriteError as error:
+                if not _only_duplicates(error):
+                    raise
+        manifest = {
+            '_id': key,
+            'digest': digest,
+            'size': size,
+            'files_id': files_id,
+            'chunk_size': self.chunk_size_bytes,
+            'chunks': len(chunks),
+            'media_type': context.media_type,
+            'filename': context.filename,
+            'metadata': json.dumps(dict(context.metadata), ensure_ascii=False),
+        }
+        with contextlib.suppress(DuplicateKeyError):
+            await self._manifests.insert_one(manifest)
+        return uri
+
+    async def _manifest(self, uri: str, context: MediaContext) -> dict[str, Any]:
+        manifest = await self._manifests.find_one({'_id': self.key_for(uri, context=context)})
+        if manifest is None:
+            raise FileNotFoundError(f'blob {uri} is not in {self._manifests.full_name}')
+        return manifest
+
+    async def get(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bytes:
+        manifest = await self._manifest(uri, context)
+        count, files_id = manifest.get('chunks'), manifest.get('files_id')
+        if not isinstance(count, int) or not isinstance(files_id, str):
+            raise ValueError(f'blob {uri} is corrupt: its manifest is malformed')
+        cursor = self._chunks.find({'files_id': files_id, 'n': {'$lt': count}}).sort('n', ASCENDING)
+        parts: list[bytes] = []
+        async for chunk in cursor:
+            if chunk.get('n') != len(parts) or not isinstance(chunk.get('data'), bytes):
+                raise ValueError(f'blob {uri} is corrupt: chunk {len(parts)} is missing or malformed')
+            parts.append(chunk['data'])
+        if len(parts) != count:
+            raise ValueError(f'blob {uri} is corrupt: {count - len(parts)} of its {count} chunks are missing')
+        return check_digest(uri, b''.join(parts))
+
+    async def exists(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        return await self._manifests.find_one({'_id': self.key_for(uri, context=context)}, {'_id': 1}) is not None
+
+    async def public_url(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str | None:
+        return await resolve_public_url(self._public_url, uri, context)
+
+    async def get_metadata(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Mapping[str, str]:
+        manifest = await self._manifest(uri, context)
+        try:
+            metadata = json.loads(manifest['metadata'])
+        except (KeyError, TypeError, ValueError):
+            metadata = None
+        if not isinstance(metadata, dict) or not all(
+            isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
+        ):
+            raise ValueError(f'metadata of blob {uri} is malformed')
+        return metadata
+
+    async def aclose(self) -> None:
+        """Close the client if the store built it from `db_url`; a caller's client stays open."""
+        await self._connection.aclose()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()

@@ -1,0 +1,115 @@
+"""The MongoDB client a store talks through: accepted client types, ownership and database handles.
+
+Both stores of this package (`MongoStepStore`, `MongoMediaStore`) take either a client the
+caller owns or a URL from which they build (and later close) their own. Only asynchronous
+clients are accepted, so no call blocks the event loop: pymongo's `AsyncMongoClient` (the
+maintained driver) and motor's `AsyncIOMotorClient` (deprecated upstream, still common). Both
+expose the same awaitable collection API; this module hands out handles typed as pymongo's.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import UTC
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
+
+from bson.codec_options import CodecOptions
+from pymongo import AsyncMongoClient, MongoClient
+from pymongo.asynchronous.database import AsyncDatabase
+from pymongo.errors import DuplicateKeyError, InvalidName
+from pymongo.write_concern import WriteConcern
+
+if TYPE_CHECKING:
+    from motor.motor_asyncio import AsyncIOMotorClient
+
+__all__ = ['CODEC_OPTIONS', 'Database', 'MongoClientLike', 'MongoConnection', 'upsert']
+
+T = TypeVar('T')
+
+MongoClientLike: TypeAlias = 'AsyncMongoClient[Any] | AsyncIOMotorClient[Any]'
+"""A client a caller may pass: pymongo's `AsyncMongoClient` or motor's `AsyncIOMotorClient`."""
+
+Database: TypeAlias = AsyncDatabase[dict[str, Any]]
+"""A database handle (a motor database is used through the same, identical, awaitable API)."""
+
+CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
+"""How the stores read BSON, whatever the caller's client is configured with: dates as aware UTC."""
+
+
+def _is_motor_client(client: object) -> bool:
+    try:
+        from motor.motor_asyncio import AsyncIOMotorClient
+    except ImportError:
+        return False
+    return isinstance(client, AsyncIOMotorClient)
+
+
+@dataclass(frozen=True)
+class MongoConnection:
+    """A client and whether the store owns it (built it from a URL) and so must close it."""
+
+    client: MongoClientLike
+    owned: bool
+
+    @classmethod
+    def open(cls, *, client: object, db_url: object) -> MongoConnection:
+        """Take exactly one of a caller's async client or a `mongodb://` / `mongodb+srv://` URL.
+
+        Raises `ValueError` when both or neither are given or the URL has another scheme, and
+        `TypeError` for anything but an async client (a synchronous `MongoClient` would block
+        the event loop).
+        """
+        if (client is None) == (db_url is None):
+            raise ValueError('give exactly one of client= (an async MongoDB client) or db_url= (a mongodb:// URL)')
+        if client is not None:
+            if isinstance(client, AsyncMongoClient) or _is_motor_client(client):
+                return cls(client=cast('MongoClientLike', client), owned=False)
+            if isinstance(client, MongoClient):
+                raise TypeError(
+                    'a synchronous pymongo MongoClient would block the event loop; '
+                    'pass a pymongo AsyncMongoClient or a motor AsyncIOMotorClient'
+                )
+            raise TypeError(
+                f'client must be a pymongo AsyncMongoClient or a motor AsyncIOMotorClient, got {type(client).__name__}'
+            )
+        if not isinstance(db_url, str) or not db_url.startswith(('mongodb://', 'mongodb+srv://')):
+            raise ValueError(f'db_url must be a mongodb:// or mongodb+srv:// URL, got {db_url!r}')
+        return cls(client=AsyncMongoClient(db_url), owned=True)
+
+    def database(self, name: object) -> Database:
+        """The database `name`, read with `CODEC_OPTIONS`; `ValueError` for an invalid name.
+
+        Writes are acknowledged even if the caller's client is configured with `w=0`: the
+        stores rely on the server reporting duplicate keys.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f'database must be a non-empty str, got {name!r}')
+        write_concern = None if self.client.write_concern.acknowledged else WriteConcern()
+        try:
+            database = self.client.get_database(name, codec_options=CODEC_OPTIONS, write_concern=write_concern)
+        except InvalidName as error:
+            raise ValueError(f'invalid MongoDB database name {name!r}: {error}') from None
+        return cast(Database, database)
+
+    async def aclose(self) -> None:
+        """Close the client if the store built it; a caller's client is left open."""
+        if not self.owned:
+            return
+        closed = self.client.close()
+        if inspect.isawaitable(closed):
+            await closed
+
+
+async def upsert(operation: Callable[[], Awaitable[T]]) -> T:
+    """Run an upserting write, once more if it lost an insert race to a concurrent upsert of the same key.
+
+    Two upserts that both find nothing both insert; one fails with a duplicate key. Servers
+    before MongoDB 4.2 (and some compatible servers) do not retry that themselves; the second
+    attempt finds the document and updates it.
+    """
+    try:
+        return await operation()
+    except DuplicateKeyError:
+        return await operation()

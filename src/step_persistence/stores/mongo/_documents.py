@@ -1,0 +1,202 @@
+"""Records to MongoDB documents and back; reading validates, so a bad stored value raises `ValueError`.
+
+Two representation rules apply to every collection:
+
+- A timestamp `<name>` is stored as a BSON date (millisecond precision, usable in queries and
+  reports) plus `<name>_us`, the microseconds past that millisecond (0-999), so records read back
+  exactly and sorting on `(<name>, <name>_us)` is sorting by true instant.
+- Metadata (`dict[str, str]`) is an embedded document whose field names are the keys, with
+  `%`, `.`, `$` and NUL percent-encoded (`%25`, `%2E`, `%24`, `%00`) and the empty key stored as
+  `%`: every string key round-trips and every stored name can be queried as `metadata.<name>`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+
+__all__ = [
+    'decode_metadata_key',
+    'encode_metadata_key',
+    'event_document',
+    'event_from_document',
+    'run_document',
+    'run_from_document',
+    'snapshot_document',
+    'snapshot_from_document',
+    'tool_effect_from_document',
+    'tool_effect_update',
+    'with_time',
+]
+
+_ESCAPES = {'%': '%25', '.': '%2E', '$': '%24', '\x00': '%00'}
+_UNESCAPES = {escaped: character for character, escaped in _ESCAPES.items()}
+_SPECIAL = re.compile(r'[%.$\x00]')
+_ESCAPED = re.compile(r'%(?:25|2E|24|00)')
+_WELL_FORMED = re.compile(r'(?:[^%.$\x00]|%(?:25|2E|24|00))+')
+_EMPTY_KEY = '%'
+
+
+def encode_metadata_key(key: str) -> str:
+    """The BSON field name that stores metadata key `key` (see the module docstring)."""
+    if key == '':
+        return _EMPTY_KEY
+    return _SPECIAL.sub(lambda match: _ESCAPES[match.group()], key)
+
+
+def decode_metadata_key(name: str) -> str:
+    """The metadata key stored under field `name`; `ValueError` if no key encodes to it."""
+    if name == _EMPTY_KEY:
+        return ''
+    if not _WELL_FORMED.fullmatch(name):
+        raise ValueError(f'malformed metadata field name {name!r}')
+    return _ESCAPED.sub(lambda match: _UNESCAPES[match.group()], name)
+
+
+def _metadata_document(metadata: Mapping[str, str]) -> dict[str, str]:
+    return {encode_metadata_key(key): value for key, value in metadata.items()}
+
+
+def _metadata(document: Mapping[str, Any]) -> dict[str, Any]:
+    stored = document.get('metadata', {})
+    if not isinstance(stored, dict):
+        raise ValueError(f'metadata must be an embedded document, got {type(stored).__name__}')
+    return {decode_metadata_key(name): value for name, value in stored.items()}
+
+
+def with_time(document: dict[str, Any], name: str, value: datetime | None) -> dict[str, Any]:
+    """Add timestamp `value` to `document` as `name` (BSON date) and `name_us` (sub-millisecond micros)."""
+    if value is None:
+        document[name] = document[f'{name}_us'] = None
+        return document
+    value = value.astimezone(UTC)
+    document[name] = value.replace(microsecond=value.microsecond - value.microsecond % 1000)
+    document[f'{name}_us'] = value.microsecond % 1000
+    return document
+
+
+def _time(document: Mapping[str, Any], name: str) -> datetime | None:
+    stored = document.get(name)
+    if stored is None:
+        return None
+    micros = document.get(f'{name}_us')
+    if not isinstance(stored, datetime) or isinstance(micros, bool) or not isinstance(micros, int):
+        raise ValueError(f'{name} must be a date with an integer {name}_us, got {stored!r} and {micros!r}')
+    if not 0 <= micros < 1000 or stored.microsecond % 1000:
+        raise ValueError(f'{name} {stored!r} with {name}_us {micros!r} is not a millisecond plus micros')
+    return stored.astimezone(UTC) + timedelta(microseconds=micros)
+
+
+def _optional(document: dict[str, Any], **fields: str | None) -> dict[str, Any]:
+    """Add the fields that are not `None` (sparse indexes leave out documents without them)."""
+    document.update({name: value for name, value in fields.items() if value is not None})
+    return document
+
+
+def run_document(record: RunRecord, *, registration: int) -> dict[str, Any]:
+    """The `runs` document: `_id` is the run id; `registration` orders runs registered at one instant."""
+    document: dict[str, Any] = {
+        '_id': record.run_id,
+        'agent_name': record.agent_name,
+        'metadata': _metadata_document(record.metadata),
+    }
+    _optional(document, conversation_id=record.conversation_id, parent_run_id=record.parent_run_id)
+    document['registration'] = registration
+    return with_time(document, 'started_at', record.started_at)
+
+
+def run_from_document(document: Mapping[str, Any]) -> RunRecord:
+    return RunRecord.model_validate(
+        {
+            'run_id': document['_id'],
+            'conversation_id': document.get('conversation_id'),
+            'parent_run_id': document.get('parent_run_id'),
+            'agent_name': document.get('agent_name'),
+            'metadata': _metadata(document),
+            'started_at': _time(document, 'started_at'),
+        }
+    )
+
+
+_EVENT_FIELDS = (
+    'kind',
+    'step_index',
+    'conversation_id',
+    'parent_run_id',
+    'agent_name',
+    'tool_call_id',
+    'tool_name',
+    'error',
+    'idempotency_key',
+)
+
+
+def event_document(event: StepEvent, *, seq: int) -> dict[str, Any]:
+    """The `events` document of the run's `seq`-th event."""
+    document: dict[str, Any] = {'run_id': event.run_id, 'seq': seq}
+    document.update({name: getattr(event, name) for name in _EVENT_FIELDS})
+    document['metadata'] = _metadata_document(event.metadata)
+    return with_time(document, 'timestamp', event.timestamp)
+
+
+def event_from_document(document: Mapping[str, Any]) -> StepEvent:
+    return StepEvent.model_validate(
+        {
+            'run_id': document['run_id'],
+            **{name: document.get(name) for name in _EVENT_FIELDS},
+            'metadata': _metadata(document),
+            'timestamp': _time(document, 'timestamp'),
+        }
+    )
+
+
+_SNAPSHOT_FIELDS = ('step_index', 'conversation_id', 'parent_run_id', 'agent_name', 'state', 'idempotency_key')
+
+
+def snapshot_document(snapshot: ContinuableSnapshot, *, seq: int, message_refs: list[list[int]]) -> dict[str, Any]:
+    """The `snapshots` document: header fields and `messages`, packed references to the run's messages."""
+    document: dict[str, Any] = {'run_id': snapshot.run_id, 'seq': seq}
+    document.update({name: getattr(snapshot, name) for name in _SNAPSHOT_FIELDS})
+    document['messages'] = message_refs
+    return with_time(document, 'timestamp', snapshot.timestamp)
+
+
+def snapshot_from_document(document: Mapping[str, Any]) -> tuple[ContinuableSnapshot, Any]:
+    """The snapshot without its messages, and its (not yet checked) message references."""
+    header = ContinuableSnapshot.model_validate(
+        {
+            'run_id': document['run_id'],
+            'seq': document['seq'],
+            **{name: document.get(name) for name in _SNAPSHOT_FIELDS},
+            'timestamp': _time(document, 'timestamp'),
+            'messages': [],
+        }
+    )
+    return header, document['messages']
+
+
+def tool_effect_update(record: ToolEffectRecord) -> dict[str, Any]:
+    """The `$set` of the upsert: every field, except annotations the record leaves null (stored ones stay)."""
+    fields: dict[str, Any] = {'tool_name': record.tool_name, 'status': record.status}
+    with_time(fields, 'started_at', record.started_at)
+    with_time(fields, 'ended_at', record.ended_at)
+    return _optional(fields, idempotency_key=record.idempotency_key, effect_summary=record.effect_summary)
+
+
+def tool_effect_from_document(document: Mapping[str, Any]) -> ToolEffectRecord:
+    return ToolEffectRecord.model_validate(
+        {
+            'run_id': document['run_id'],
+            'tool_call_id': document['tool_call_id'],
+            'tool_name': document.get('tool_name'),
+            'status': document.get('status'),
+            'started_at': _time(document, 'started_at'),
+            'ended_at': _time(document, 'ended_at'),
+            'idempotency_key': document.get('idempotency_key'),
+            'effect_summary': document.get('effect_summary'),
+        }
+    )

@@ -1,0 +1,107 @@
+"""The indexes the Mongo stores need, created once per store on its first write."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from pymongo import ASCENDING, IndexModel
+from pymongo.errors import DuplicateKeyError, OperationFailure
+
+from step_persistence.stores.mongo._client import Database
+
+__all__ = ['IDEMPOTENCY_INDEX', 'STEP_INDEXES', 'IndexCreationError', 'IndexSetup', 'is_idempotency_conflict']
+
+IDEMPOTENCY_INDEX: Final = 'run_idempotency_key'
+"""The unique partial index on `(run_id, idempotency_key)` of events and snapshots."""
+
+
+def _on(*fields: str) -> list[tuple[str, int]]:
+    return [(field, ASCENDING) for field in fields]
+
+
+def _idempotency() -> IndexModel:
+    return IndexModel(
+        _on('run_id', 'idempotency_key'),
+        name=IDEMPOTENCY_INDEX,
+        unique=True,
+        partialFilterExpression={'idempotency_key': {'$type': 'string'}},
+    )
+
+
+STEP_INDEXES: Final[Mapping[str, Sequence[IndexModel]]] = {
+    'runs': [
+        IndexModel(_on('conversation_id'), name='conversation_id', sparse=True),
+        IndexModel(_on('parent_run_id'), name='parent_run_id', sparse=True),
+        IndexModel(_on('started_at', 'started_at_us', 'registration'), name='started_at'),
+    ],
+    'events': [IndexModel(_on('run_id', 'seq'), name='run_seq', unique=True), _idempotency()],
+    'snapshots': [
+        IndexModel(_on('run_id', 'seq'), name='run_seq', unique=True),
+        IndexModel(_on('run_id', 'state', 'seq'), name='run_state_seq'),
+        _idempotency(),
+    ],
+    'tool_effects': [
+        IndexModel(_on('run_id', 'tool_call_id'), name='run_tool_call', unique=True),
+        IndexModel(_on('run_id', 'status'), name='run_status'),
+    ],
+    'messages': [
+        IndexModel(_on('run_id', 'no'), name='run_no', unique=True),
+        IndexModel(_on('run_id', 'digest'), name='run_digest', unique=True),
+    ],
+}
+"""Per collection of `MongoStepStore`, the indexes it creates (`counters` needs only `_id`)."""
+
+
+class IndexCreationError(RuntimeError):
+    """An index could not be created: existing documents violate it, or it clashes with another index."""
+
+
+def is_idempotency_conflict(error: DuplicateKeyError) -> bool:
+    """Whether a duplicate-key error comes from the idempotency-key index (and not from another one)."""
+    details = error.details or {}
+    pattern = details.get('keyPattern')
+    if isinstance(pattern, Mapping):
+        return 'idempotency_key' in pattern
+    return f'index: {IDEMPOTENCY_INDEX} ' in str(details.get('errmsg', error))
+
+
+class IndexSetup:
+    """Creates a store's indexes once, on first use, and retries after a failure."""
+
+    def __init__(self, database: Database, indexes: Mapping[str, Sequence[IndexModel]]) -> None:
+        self._database = database
+        self._indexes = indexes
+        self._done = False
+        self._lock = asyncio.Lock()
+
+    async def ensure(self) -> None:
+        """Create every index unless this object already did; raise `IndexCreationError` on failure."""
+        if self._done:
+            return
+        async with self._lock:
+            if self._done:
+                return
+            for collection, models in self._indexes.items():
+                try:
+                    await self._database[collection].create_indexes(list(models))
+                except OperationFailure as error:
+                    raise IndexCreationError(self._explain(collection, error)) from error
+            self._done = True
+
+    def _explain(self, collection: str, error: OperationFailure) -> str:
+        where = f'{self._database.name}.{collection}'
+        if isinstance(error, DuplicateKeyError) or error.code == 11000:
+            return (
+                f'cannot create a unique index on {where}: the collection already holds documents that '
+                f'violate it ({error}); remove the duplicates, then write again (creation is retried)'
+            )
+        if error.code in (85, 86):
+            return (
+                f'an index on {where} already exists with the same name or keys but other options '
+                f'({error}); drop it so that the store can create its own'
+            )
+        if error.code == 13:
+            return f'not allowed to create indexes on {where} ({error}); the store needs the readWrite role'
+        return f'creating the indexes of {where} failed: {error}'

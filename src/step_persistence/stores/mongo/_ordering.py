@@ -1,0 +1,63 @@
+"""Per-run call order for a store whose operations are network round trips.
+
+Two calls on one run made one after the other by different tasks (a tool's `completed` record,
+then the `failed` record the capability writes when the run discards that result) travel on
+different pooled connections and could reach the server in either order. Each run's calls
+therefore take turns, first come first served (the same `RunTurns` as the file store). A write,
+once called, also runs to completion even if its caller is cancelled meanwhile: cancelling the
+caller mid-round-trip would otherwise leave it unknown whether the write happened, and would let
+the next call on the run overtake it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+from step_persistence._reading import logger
+from step_persistence.stores.file._ordering import RunTurns
+
+__all__ = ['RunOrder']
+
+T = TypeVar('T')
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
+
+
+def _log_orphaned_failure(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.warning('a write whose caller was cancelled failed: %r', task.exception())
+
+
+class RunOrder:
+    """Runs each run's operations one at a time in call order; writes survive their caller's cancellation."""
+
+    def __init__(self) -> None:
+        self._turns = RunTurns()
+        self._writes: set[asyncio.Task[Any]] = set()
+
+    async def read(self, run_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """`await operation()` once every earlier call on `run_id` is done."""
+        async with self._turns.turn(run_id):
+            return await operation()
+
+    async def write(self, run_id: str, operation: Callable[[], Awaitable[T]]) -> T:
+        """Like `read`, but the operation goes on (in its turn) if the caller is cancelled."""
+        task = asyncio.ensure_future(self.read(run_id, operation))
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        task.add_done_callback(_retrieve)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            task.add_done_callback(_log_orphaned_failure)
+            raise
+
+    async def drain(self) -> None:
+        """Wait for every write still running (for example one whose caller was cancelled)."""
+        while self._writes:
+            await asyncio.gather(*self._writes, return_exceptions=True)

@@ -1,0 +1,58 @@
+"""Fixtures and helpers shared by the Mongo-specific tests (import the fixtures into a test module to use them)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from pymongo import AsyncMongoClient, monitoring
+
+from servers.mongo import Driver, MongoServer, Scratch
+from step_persistence.stores.mongo import MongoStepStore
+
+__all__ = ['CommandLog', 'any_scratch', 'scratch', 'store_in']
+
+
+@pytest.fixture
+async def scratch(mongo_server: MongoServer) -> AsyncIterator[Scratch]:
+    """A pymongo client for the test; the databases it hands out are dropped afterwards."""
+    async with mongo_server.scratch('pymongo') as made:
+        yield made
+
+
+@pytest.fixture(params=['pymongo', 'motor'])
+async def any_scratch(mongo_server: MongoServer, request: pytest.FixtureRequest) -> AsyncIterator[Scratch]:
+    """Like `scratch`, once per driver."""
+    driver: Driver = request.param
+    async with mongo_server.scratch(driver) as made:
+        yield made
+
+
+def store_in(scratch: Scratch, database: str | None = None, **options: Any) -> MongoStepStore:
+    """A store on `database` (default: a fresh one) through the scratch client."""
+    return MongoStepStore(client=scratch.client, database=database or scratch.fresh_database(), **options)
+
+
+class CommandLog(monitoring.CommandListener):
+    """Records the commands a client sends: `(command name, collection, command document)`."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, Any, Any]] = []
+
+    def started(self, event: monitoring.CommandStartedEvent) -> None:
+        self.commands.append((event.command_name, event.command.get(event.command_name), event.command))
+
+    def succeeded(self, event: monitoring.CommandSucceededEvent) -> None:
+        pass
+
+    def failed(self, event: monitoring.CommandFailedEvent) -> None:
+        pass
+
+    def named(self, name: str) -> list[Any]:
+        """The collections targeted by the recorded `name` commands, in order."""
+        return [collection for command, collection, _ in self.commands if command == name]
+
+    def client(self, uri: str) -> AsyncMongoClient[Any]:
+        """A pymongo client whose commands this log records (close it after use)."""
+        return AsyncMongoClient(uri, event_listeners=[self])
