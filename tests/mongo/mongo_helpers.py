@@ -9,9 +9,11 @@ import pytest
 from pymongo import AsyncMongoClient, monitoring
 
 from servers.mongo import Driver, MongoServer, Scratch
+from step_persistence import ContinuableSnapshot
 from step_persistence.stores.mongo import MongoStepStore
+from step_persistence.testing.conformance import sample_history
 
-__all__ = ['CommandLog', 'any_scratch', 'scratch', 'store_in']
+__all__ = ['CommandLog', 'any_scratch', 'scratch', 'snapshot', 'store_in']
 
 
 @pytest.fixture
@@ -27,6 +29,11 @@ async def any_scratch(mongo_server: MongoServer, request: pytest.FixtureRequest)
     driver: Driver = request.param
     async with mongo_server.scratch(driver) as made:
         yield made
+
+
+def snapshot(run_id: str, turns: int, **fields: Any) -> ContinuableSnapshot:
+    """A snapshot of `sample_history(turns)` (a prompt and `turns` tool cycles) at step `turns`."""
+    return ContinuableSnapshot(run_id=run_id, step_index=turns, messages=sample_history(turns), **fields)
 
 
 def store_in(scratch: Scratch, database: str | None = None, **options: Any) -> MongoStepStore:

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from mongo_helpers import any_scratch, scratch, store_in
+from mongo_helpers import any_scratch, scratch, snapshot, store_in
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 from pymongo import MongoClient
 from pymongo.errors import InvalidOperation
@@ -39,10 +39,6 @@ def with_database(uri: str, database: str) -> str:
 
 def dump(messages: list[ModelMessage]) -> Any:
     return ModelMessagesTypeAdapter.dump_python(messages, mode='json')
-
-
-def snapshot(run_id: str, turns: int, **fields: Any) -> ContinuableSnapshot:
-    return ContinuableSnapshot(run_id=run_id, step_index=turns, messages=sample_history(turns), **fields)
 
 
 # --- construction and ownership ---

@@ -12,21 +12,16 @@ manifest: a reader never sees a manifest without all its chunks.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Final, Self
 
-from bson import Binary
-from pymongo import ASCENDING, IndexModel
-from pymongo.errors import BulkWriteError, DuplicateKeyError
-
 from step_persistence.media.keys import blob_key, resolve_public_url
 from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
-from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
-from step_persistence.stores.mongo._indexes import IndexSetup
+from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection, insert_new
+from step_persistence.stores.mongo._indexes import IndexSetup, chunk_indexes
 
 __all__ = ['DEFAULT_CHUNK_SIZE_BYTES', 'MAX_CHUNK_SIZE_BYTES', 'MongoMediaStore', 'digest_key']
 
@@ -44,12 +39,6 @@ def _check_chunk_size(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHUNK_SIZE_BYTES:
         raise ValueError(f'chunk_size_bytes must be an int from 1 to {MAX_CHUNK_SIZE_BYTES}, got {value!r}')
     return value
-
-
-def _only_duplicates(error: BulkWriteError) -> bool:
-    return not error.details.get('writeConcernErrors') and all(
-        failure.get('code') == 11000 for failure in error.details.get('writeErrors', [])
-    )
 
 
 class MongoMediaStore:
@@ -81,8 +70,7 @@ class MongoMediaStore:
         database_handle = self._connection.database(database)
         self._manifests = database_handle[collection]
         self._chunks = database_handle[f'{collection}_chunks']
-        chunk_index = IndexModel([('files_id', ASCENDING), ('n', ASCENDING)], name='files_id_n', unique=True)
-        self._indexes = IndexSetup(database_handle, {self._chunks.name: [chunk_index]})
+        self._indexes = IndexSetup(database_handle, chunk_indexes(self._chunks.name))
         self._key_strategy = key_strategy
         self._public_url = public_url
 
@@ -104,15 +92,10 @@ class MongoMediaStore:
         view = memoryview(data)
         size = len(view)
         chunks = [
-            {'files_id': files_id, 'n': n, 'data': Binary(bytes(view[start : start + self.chunk_size_bytes]))}
+            {'files_id': files_id, 'n': n, 'data': bytes(view[start : start + self.chunk_size_bytes])}
             for n, start in enumerate(range(0, size, self.chunk_size_bytes))
         ]
-        if chunks:
-            try:
-                await self._chunks.insert_many(chunks, ordered=False)
-            except BulkWriteError as error:
-                if not _only_duplicates(error):
-                    raise
+        await insert_new(self._chunks, chunks)
         manifest = {
             '_id': key,
             'digest': digest,
@@ -124,8 +107,7 @@ class MongoMediaStore:
             'filename': context.filename,
             'metadata': json.dumps(dict(context.metadata), ensure_ascii=False),
         }
-        with contextlib.suppress(DuplicateKeyError):
-            await self._manifests.insert_one(manifest)
+        await insert_new(self._manifests, [manifest])
         return uri
 
     async def _manifest(self, uri: str, context: MediaContext) -> dict[str, Any]:
@@ -139,7 +121,7 @@ class MongoMediaStore:
         count, files_id = manifest.get('chunks'), manifest.get('files_id')
         if not isinstance(count, int) or not isinstance(files_id, str):
             raise ValueError(f'blob {uri} is corrupt: its manifest is malformed')
-        cursor = self._chunks.find({'files_id': files_id, 'n': {'$lt': count}}).sort('n', ASCENDING)
+        cursor = self._chunks.find({'files_id': files_id, 'n': {'$lt': count}}).sort('n')
         parts: list[bytes] = []
         async for chunk in cursor:
             if chunk.get('n') != len(parts) or not isinstance(chunk.get('data'), bytes):

@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
 
 from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, MongoClient
+from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import DuplicateKeyError, InvalidName
+from pymongo.errors import BulkWriteError, DuplicateKeyError, InvalidName
 from pymongo.write_concern import WriteConcern
 
 if TYPE_CHECKING:
     from motor.motor_asyncio import AsyncIOMotorClient
 
-__all__ = ['CODEC_OPTIONS', 'Database', 'MongoClientLike', 'MongoConnection', 'upsert']
+__all__ = ['CODEC_OPTIONS', 'Database', 'MongoClientLike', 'MongoConnection', 'insert_new', 'upsert']
 
 T = TypeVar('T')
 
@@ -113,3 +114,15 @@ async def upsert(operation: Callable[[], Awaitable[T]]) -> T:
         return await operation()
     except DuplicateKeyError:
         return await operation()
+
+
+async def insert_new(collection: AsyncCollection[dict[str, Any]], documents: list[dict[str, Any]]) -> None:
+    """Insert `documents`, skipping those whose unique key is already stored (insert-or-ignore)."""
+    if not documents:
+        return
+    try:
+        await collection.insert_many(documents, ordered=False)
+    except BulkWriteError as error:
+        failures = error.details.get('writeErrors', [])
+        if error.details.get('writeConcernErrors') or any(failure.get('code') != 11000 for failure in failures):
+            raise

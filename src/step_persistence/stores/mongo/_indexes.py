@@ -11,7 +11,14 @@ from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from step_persistence.stores.mongo._client import Database
 
-__all__ = ['IDEMPOTENCY_INDEX', 'STEP_INDEXES', 'IndexCreationError', 'IndexSetup', 'is_idempotency_conflict']
+__all__ = [
+    'IDEMPOTENCY_INDEX',
+    'STEP_INDEXES',
+    'IndexCreationError',
+    'IndexSetup',
+    'chunk_indexes',
+    'is_idempotency_conflict',
+]
 
 IDEMPOTENCY_INDEX: Final = 'run_idempotency_key'
 """The unique partial index on `(run_id, idempotency_key)` of events and snapshots."""
@@ -52,6 +59,11 @@ STEP_INDEXES: Final[Mapping[str, Sequence[IndexModel]]] = {
     ],
 }
 """Per collection of `MongoStepStore`, the indexes it creates (`counters` needs only `_id`)."""
+
+
+def chunk_indexes(collection: str) -> Mapping[str, Sequence[IndexModel]]:
+    """The index of a `MongoMediaStore` chunks collection: unique `(files_id, n)`."""
+    return {collection: [IndexModel(_on('files_id', 'n'), name='files_id_n', unique=True)]}
 
 
 class IndexCreationError(RuntimeError):

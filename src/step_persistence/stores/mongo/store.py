@@ -109,6 +109,10 @@ class MongoStepStore:
     def __repr__(self) -> str:
         return f'{type(self).__name__}(database={self._db.name!r}, max_snapshots={self.max_snapshots_per_run!r})'
 
+    async def create_indexes(self) -> None:
+        """Create the store's indexes now (the first write does it otherwise); `IndexCreationError` on a clash."""
+        await self._indexes.ensure()
+
     # --- runs ---
 
     async def register_run(self, record: RunRecord) -> None:

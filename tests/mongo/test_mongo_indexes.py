@@ -1,0 +1,94 @@
+"""Indexes: created once, on the first write, also over existing data; clear errors when data or indexes clash."""
+
+from __future__ import annotations
+
+import pytest
+from mongo_helpers import CommandLog, scratch, snapshot, store_in
+
+from servers.mongo import MongoServer, Scratch
+from step_persistence import MongoStepStore, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.stores.mongo import IndexCreationError
+from step_persistence.testing.conformance import sample_history
+
+__all__ = ['scratch']
+
+pytestmark = pytest.mark.anyio
+
+
+async def write_a_little_of_everything(store: MongoStepStore, run_id: str) -> None:
+    await store.register_run(RunRecord(run_id=run_id, conversation_id='c'))
+    await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0, idempotency_key='k'))
+    await store.save_snapshot(snapshot(run_id, 1, idempotency_key='s'))
+    await store.record_tool_effect(ToolEffectRecord(run_id=run_id, tool_call_id='t', tool_name='x', status='started'))
+
+
+async def test_indexes_are_created_once_on_the_first_write(mongo_server: MongoServer, scratch: Scratch) -> None:
+    log = CommandLog()
+    client = log.client(mongo_server.uri)
+    database = scratch.fresh_database()
+    try:
+        store = MongoStepStore(client=client, database=database, media_store=None)
+        assert await store.list_runs() == []
+        assert log.named('createIndexes') == []
+        for run_id in ('a', 'b', 'c'):
+            await write_a_little_of_everything(store, run_id)
+        assert log.named('createIndexes') == ['runs', 'events', 'snapshots', 'tool_effects', 'messages']
+    finally:
+        await client.close()
+
+    db = scratch.client[database]
+    runs = await db['runs'].index_information()
+    assert runs['conversation_id']['sparse'] and runs['parent_run_id']['sparse']
+    assert runs['started_at']['key'] == [('started_at', 1), ('started_at_us', 1), ('registration', 1)]
+    for collection in ('events', 'snapshots'):
+        indexes = await db[collection].index_information()
+        assert indexes['run_seq']['unique']
+        keyed = indexes['run_idempotency_key']
+        assert keyed['unique'] and keyed['partialFilterExpression'] == {'idempotency_key': {'$type': 'string'}}
+    assert (await db['snapshots'].index_information())['run_state_seq']['key'] == [
+        ('run_id', 1),
+        ('state', 1),
+        ('seq', 1),
+    ]
+    effects = await db['tool_effects'].index_information()
+    assert effects['run_tool_call']['unique'] and effects['run_status']['key'] == [('run_id', 1), ('status', 1)]
+
+
+async def test_indexes_are_built_over_data_already_stored(scratch: Scratch) -> None:
+    database = scratch.fresh_database()
+    await write_a_little_of_everything(store_in(scratch, database), 'old')
+    for collection in ('runs', 'events', 'snapshots', 'tool_effects', 'messages'):
+        await scratch.client[database][collection].drop_indexes()
+
+    store = store_in(scratch, database)
+    await write_a_little_of_everything(store, 'new')
+    assert len(await scratch.client[database]['events'].index_information()) == 3
+    for run_id in ('old', 'new'):
+        latest = await store.latest_snapshot(run_id=run_id)
+        assert latest is not None and len(latest.messages) == len(sample_history(1))
+        await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0, idempotency_key='k'))
+        assert len(await store.list_events(run_id=run_id)) == 1
+
+
+async def test_duplicates_block_a_unique_index_until_they_are_removed(scratch: Scratch) -> None:
+    database = scratch.fresh_database()
+    events = scratch.client[database]['events']
+    duplicate = {'run_id': 'dup', 'seq': 7, 'kind': 'run_started', 'idempotency_key': 'same'}
+    await events.insert_many([dict(duplicate), {**duplicate, 'seq': 8}])
+
+    store = store_in(scratch, database)
+    with pytest.raises(IndexCreationError, match=rf'{database}\.events: the collection already holds documents'):
+        await store.register_run(RunRecord(run_id='blocked'))
+    assert await store.get_run(run_id='blocked') is None, 'nothing is written before the indexes exist'
+
+    await events.delete_one({'seq': 8})
+    await store.register_run(RunRecord(run_id='blocked'))
+    assert 'run_idempotency_key' in await events.index_information()
+
+
+async def test_an_index_of_the_same_name_with_other_options_is_reported(scratch: Scratch) -> None:
+    database = scratch.fresh_database()
+    await scratch.client[database]['snapshots'].create_index([('run_id', 1), ('seq', 1)], name='run_seq')
+    store = store_in(scratch, database)
+    with pytest.raises(IndexCreationError, match=rf'{database}\.snapshots already exists .* drop it'):
+        await store.register_run(RunRecord(run_id='clash'))
