@@ -29,14 +29,6 @@ __all__ = ['any_scratch', 'scratch']
 pytestmark = pytest.mark.anyio
 
 
-def with_database(uri: str, database: str) -> str:
-    """`uri` with its path set to `database` (`mongodb://user@host:port/<database>?options`)."""
-    scheme, rest = uri.split('://', 1)
-    location, _, options = rest.partition('?')
-    userinfo, at, hosts = location.rpartition('@')
-    return f'{scheme}://{userinfo}{at}{hosts.split("/", 1)[0]}/{database}' + (f'?{options}' if options else '')
-
-
 def dump(messages: list[ModelMessage]) -> Any:
     return ModelMessagesTypeAdapter.dump_python(messages, mode='json')
 
@@ -104,7 +96,7 @@ async def test_from_spec_builds_a_store_from_plain_values(mongo_server: MongoSer
     async with from_spec('mongo', db_url=mongo_server.uri, database=database, max_snapshots_per_run=3) as store:
         assert isinstance(store, MongoStepStore) and store.max_snapshots_per_run == 3
         await store.register_run(RunRecord(run_id='from-spec'))
-    async with from_spec(with_database(mongo_server.uri, database)) as store:
+    async with from_spec(mongo_server.uri_for(database)) as store:
         assert await store.get_run(run_id='from-spec') is not None
     with pytest.raises(ValueError, match='name the MongoDB database'):
         from_spec('mongodb://127.0.0.1:1/')

@@ -50,6 +50,13 @@ class MongoServer:
 
     uri: str
 
+    def uri_for(self, database: str) -> str:
+        """The server's URI with `database` as its path (`mongodb://user@host:port/<database>?options`)."""
+        scheme, rest = self.uri.split('://', 1)
+        location, _, options = rest.partition('?')
+        userinfo, at, hosts = location.rpartition('@')
+        return f'{scheme}://{userinfo}{at}{hosts.split("/", 1)[0]}/{database}' + (f'?{options}' if options else '')
+
     def connect(self, driver: Driver) -> Any:
         """A new async client of `driver` (make it inside the test's event loop, and close it)."""
         if driver == 'motor':
