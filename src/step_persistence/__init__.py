@@ -1,33 +1,65 @@
-"""Durable, inspectable step-by-step persistence for pydantic-ai agent runs."""
+"""Durable, inspectable step-by-step persistence for pydantic-ai agent runs.
 
+Names are imported on first use, so `import step_persistence` stays cheap (the command line and
+subprocesses start fast) and optional drivers are only needed by the stores that use them.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from step_persistence.capability import SnapshotSaved, StepPersistence
-from step_persistence.helpers import (
-    RecoveryReport,
-    annotate_tool_effect,
-    continue_run,
-    fork_run,
-    inspect_recovery,
-    is_provider_valid,
-)
-from step_persistence.protocol import StepStore
-from step_persistence.records import (
-    ContinuableSnapshot,
-    EventKind,
-    RunRecord,
-    SnapshotState,
-    StepEvent,
-    ToolEffectRecord,
-    ToolEffectStatus,
-)
-from step_persistence.spec import from_spec
-from step_persistence.stores.file import FileStepStore
-from step_persistence.stores.memory import InMemoryStepStore
-from step_persistence.stores.sql import PostgresStepStore, SqliteStepStore, SqlStepStore
-
 if TYPE_CHECKING:
+    from step_persistence.capability import SnapshotSaved, StepPersistence
+    from step_persistence.helpers import (
+        RecoveryReport,
+        annotate_tool_effect,
+        continue_run,
+        fork_run,
+        inspect_recovery,
+        is_provider_valid,
+    )
+    from step_persistence.protocol import StepStore
+    from step_persistence.records import (
+        ContinuableSnapshot,
+        EventKind,
+        RunRecord,
+        SnapshotState,
+        StepEvent,
+        ToolEffectRecord,
+        ToolEffectStatus,
+    )
+    from step_persistence.spec import from_spec
+    from step_persistence.stores.file import FileStepStore
+    from step_persistence.stores.memory import InMemoryStepStore
     from step_persistence.stores.mongo import MongoStepStore
+    from step_persistence.stores.sql import PostgresStepStore, SqliteStepStore, SqlStepStore
+
+_MODULES: dict[str, str] = {
+    'SnapshotSaved': 'step_persistence.capability',
+    'StepPersistence': 'step_persistence.capability',
+    'RecoveryReport': 'step_persistence.helpers',
+    'annotate_tool_effect': 'step_persistence.helpers',
+    'continue_run': 'step_persistence.helpers',
+    'fork_run': 'step_persistence.helpers',
+    'inspect_recovery': 'step_persistence.helpers',
+    'is_provider_valid': 'step_persistence.helpers',
+    'StepStore': 'step_persistence.protocol',
+    'ContinuableSnapshot': 'step_persistence.records',
+    'EventKind': 'step_persistence.records',
+    'RunRecord': 'step_persistence.records',
+    'SnapshotState': 'step_persistence.records',
+    'StepEvent': 'step_persistence.records',
+    'ToolEffectRecord': 'step_persistence.records',
+    'ToolEffectStatus': 'step_persistence.records',
+    'from_spec': 'step_persistence.spec',
+    'FileStepStore': 'step_persistence.stores.file',
+    'InMemoryStepStore': 'step_persistence.stores.memory',
+    'MongoStepStore': 'step_persistence.stores.mongo',
+    'PostgresStepStore': 'step_persistence.stores.sql',
+    'SqliteStepStore': 'step_persistence.stores.sql',
+    'SqlStepStore': 'step_persistence.stores.sql',
+}
 
 __all__ = [
     'ContinuableSnapshot',
@@ -57,9 +89,14 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Import `MongoStepStore` on first use, so that the package works without the MongoDB driver."""
-    if name == 'MongoStepStore':
-        from step_persistence.stores.mongo import MongoStepStore
+    """Import a public name from its module on first use."""
+    module = _MODULES.get(name)
+    if module is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value
 
-        return MongoStepStore
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_MODULES})

@@ -2,20 +2,26 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
 from step_persistence.protocol import StepStore
-from step_persistence.stores.file import FileStepStore
-from step_persistence.stores.memory import InMemoryStepStore
-from step_persistence.stores.sql import PostgresStepStore, SqliteStepStore
-from step_persistence.stores.sql.sqlite import database_from_url
 
-__all__ = ['from_spec', 'supported_backends']
+__all__ = ['from_spec', 'redact_url', 'supported_backends']
+
+_CREDENTIALS = re.compile(r'(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@?#]*):[^@/?#]*@')
+
+
+def redact_url(url: str) -> str:
+    """`url` with any password replaced by `***`, for logs and error messages."""
+    return _CREDENTIALS.sub(lambda match: f'{match["scheme"]}{match["user"]}:***@', url)
 
 
 def _memory(url: str | None, options: dict[str, Any]) -> StepStore:
+    from step_persistence.stores.memory import InMemoryStepStore
+
     if url not in (None, 'memory://'):
         raise ValueError(f'the memory backend takes no location, got {url!r}')
     return InMemoryStepStore(**options)
@@ -23,6 +29,8 @@ def _memory(url: str | None, options: dict[str, Any]) -> StepStore:
 
 def _file(url: str | None, options: dict[str, Any]) -> StepStore:
     """`file:///absolute/dir` or `file://relative/dir`, or the name `'file'` with `directory=`."""
+    from step_persistence.stores.file import FileStepStore
+
     if url is not None:
         directory = unquote(url.split('://', 1)[1])
         if not directory:
@@ -35,6 +43,9 @@ def _file(url: str | None, options: dict[str, Any]) -> StepStore:
 
 def _sqlite(url: str | None, options: dict[str, Any]) -> StepStore:
     """`sqlite:///relative.db`, `sqlite:////absolute.db`, `sqlite://` (memory), or `'sqlite'` with `database=`."""
+    from step_persistence.stores.sql import SqliteStepStore
+    from step_persistence.stores.sql.sqlite import database_from_url
+
     if url is not None:
         if 'database' in options:
             raise ValueError('give the SQLite store its database in the URL or as database=, not both')
@@ -44,6 +55,8 @@ def _sqlite(url: str | None, options: dict[str, Any]) -> StepStore:
 
 def _postgres(url: str | None, options: dict[str, Any]) -> StepStore:
     """`postgresql://...` (or `postgresql+asyncpg://...`), or `'postgres'` with `url=`; `schema=` is optional."""
+    from step_persistence.stores.sql import PostgresStepStore
+
     options = dict(options)
     given = options.pop('url', None)
     if (url is None) == (given is None):

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from rich.console import Console
 
 from step_persistence.protocol import StepStore
-from step_persistence.spec import from_spec
+from step_persistence.spec import from_spec, redact_url
 
 __all__ = [
     'EXIT_NOT_FOUND',
@@ -103,7 +103,7 @@ async def open_store(url: str) -> AsyncIterator[StepStore]:
     try:
         store = from_spec(url)
     except (ValueError, ImportError) as error:
-        fail(f'cannot open store {url!r}: {error}', EXIT_USAGE)
+        fail(f'cannot open store {redact_url(url)!r}: {error}', EXIT_USAGE)
     async with store:
         yield store
 
@@ -115,10 +115,10 @@ def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     except LookupError as error:
         fail(str(error).strip('\'"'), EXIT_NOT_FOUND)
     except (OSError, TimeoutError, ConnectionError) as error:
-        fail(f'cannot reach the store: {error}', EXIT_UNREACHABLE)
+        fail(f'cannot reach the store: {redact_url(str(error))}', EXIT_UNREACHABLE)
     except Exception as error:
         if _is_connection_error(error):
-            fail(f'cannot reach the store: {error}', EXIT_UNREACHABLE)
+            fail(f'cannot reach the store: {redact_url(str(error))}', EXIT_UNREACHABLE)
         raise
 
 
