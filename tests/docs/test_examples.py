@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import runpy
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -29,3 +31,15 @@ def test_example_runs(where: str, code: str, tmp_path: Path, monkeypatch: pytest
     script = tmp_path / 'example.py'
     script.write_text(code)
     runpy.run_path(str(script), run_name='__main__')
+
+
+def test_docs_build_strict(tmp_path: Path) -> None:
+    """Every page is in the navigation and every link resolves (mkdocs --strict)."""
+    completed = subprocess.run(
+        [sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', str(tmp_path / 'site')],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stderr
