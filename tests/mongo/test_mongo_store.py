@@ -259,3 +259,14 @@ async def test_damaged_documents_are_skipped_and_logged(scratch: Scratch, caplog
     skipped = ' '.join(record.getMessage() for record in caplog.records)
     for described in ("run 'bad'", "event 1 of run 'good'", "snapshot 3 of run 'good'", "snapshot 2 of run 'good'"):
         assert described in skipped
+
+
+async def test_latest_snapshot_falls_back_past_a_page_of_unreadable_ones(scratch: Scratch) -> None:
+    database = scratch.fresh_database()
+    store = store_in(scratch, database)
+    await store.register_run(RunRecord(run_id='deep'))
+    for turns in range(1, 8):
+        await store.save_snapshot(snapshot('deep', turns))
+    await scratch.client[database]['snapshots'].update_many({'seq': {'$gte': 3}}, {'$set': {'messages': [[0, 1]]}})
+    latest = await store.latest_snapshot(run_id='deep')
+    assert latest is not None and latest.seq == 2

@@ -39,7 +39,6 @@ from step_persistence.stores.mongo._known_runs import KnownRuns
 from step_persistence.stores.mongo._limits import check_document_size
 from step_persistence.stores.mongo._messages import LoadedMessages, MessageStore
 from step_persistence.stores.mongo._ordering import RunOrder
-from step_persistence.stores.sql.message_numbers import MessageNumbers
 
 __all__ = ['MongoStepStore']
 
@@ -92,7 +91,6 @@ class MongoStepStore:
         self._snapshots = self._db['snapshots']
         self._effects = self._db['tool_effects']
         self._known_runs = KnownRuns()
-        self._numbers = MessageNumbers()
         self._order = RunOrder()
 
     def _default_media_store(self) -> MediaStore:
@@ -127,7 +125,7 @@ class MongoStepStore:
         except DuplicateKeyError:
             raise ValueError(f'run {record.run_id!r} is already registered') from None
         await self._counters.start_run(record.run_id, registration)
-        self._known_runs.add(record.run_id)
+        self._known_runs.remember(record.run_id, registration, {})
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         document = await self._order.read(run_id, partial(self._runs.find_one, {'_id': run_id}))
@@ -195,14 +193,14 @@ class MongoStepStore:
         run_id = snapshot.run_id
         encoded = snapshot.encoded_messages()
         distinct = list({message.digest: message for message in encoded}.values())
-        known = self._numbers.get(run_id) if use_cache else None
+        known = self._known_runs.messages(run_id) if use_cache else None
         if known is None:
             stored = await self._messages.numbers(run_id, [message.digest for message in distinct])
         else:
             stored = known.numbers
         fresh = await self._messages.prepare(run_id, [message for message in distinct if message.digest not in stored])
         allocation = await self._counters.allocate(run_id, snapshot=1, message=len(fresh))
-        if known is not None and known.run_pk != allocation.registration:
+        if known is not None and known.registration != allocation.registration:
             raise _StaleMessageNumbers
         added = await self._messages.insert(run_id, fresh, first_no=allocation.last['message'] - len(fresh) + 1)
         numbers = {**stored, **added}
@@ -218,7 +216,7 @@ class MongoStepStore:
         else:
             if self.max_snapshots_per_run is not None:
                 await self._prune(run_id, self.max_snapshots_per_run)
-        self._numbers.remember(run_id, allocation.registration, added if known is not None else numbers)
+        self._known_runs.remember(run_id, allocation.registration, added if known is not None else numbers)
 
     async def _prune(self, run_id: str, max_snapshots: int) -> None:
         """Drop snapshots retention does not keep, among those visible now (never one not yet written).
@@ -272,9 +270,10 @@ class MongoStepStore:
                 found = await self._materialize(run_id, [document])
                 if found:
                     return found[0]
-            if len(page) < _LATEST_PAGE:
+            oldest = page[-1].get('seq') if len(page) == _LATEST_PAGE else None
+            if not isinstance(oldest, int):
                 return None
-            query = {**query, 'seq': {'$lt': page[-1]['seq']}}
+            query = {**query, 'seq': {'$lt': oldest}}
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Retained matching snapshots in sequence order; unreadable ones are skipped and logged."""
@@ -327,7 +326,6 @@ class MongoStepStore:
 
     async def _delete_run(self, run_id: str) -> None:
         self._known_runs.discard(run_id)
-        self._numbers.forget(run_id)
         for collection in (self._events, self._snapshots, self._effects):
             await collection.delete_many({'run_id': run_id})
         await self._messages.delete_run(run_id)
