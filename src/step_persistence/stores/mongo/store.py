@@ -62,8 +62,10 @@ class MongoStepStore:
     `runs`, `events`, `snapshots`, `tool_effects`, `messages` and `counters`; their indexes are
     created on the store's first write (needs the `readWrite` role). `media_store='auto'` puts
     large message parts in a `MongoMediaStore` on the same client and database; `None` keeps them
-    inline. An item that would exceed MongoDB's 16 MiB document limit raises `ValueError` naming
-    the limit and the run, and nothing of it is written.
+    inline. A message, run, event or tool effect that would exceed MongoDB's 16 MiB document
+    limit raises `ValueError` naming the limit and the run, and nothing of it is written. Calls on
+    one run take effect in the order they were made; a write completes even if its caller is
+    cancelled, and `aclose()` waits for it.
     """
 
     def __init__(
