@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-__all__ = ['logger', 'read_or_skip']
+__all__ = ['logger', 'read_or_skip', 'read_or_skip_async']
 
 logger = logging.getLogger('step_persistence')
 
@@ -17,6 +17,15 @@ def read_or_skip(description: str, build: Callable[[], T]) -> T | None:
     """Return `build()`, or log a warning naming `description` and return `None` if it raises."""
     try:
         return build()
+    except Exception as error:
+        logger.warning('skipping unreadable %s: %r', description, error)
+        return None
+
+
+async def read_or_skip_async(description: str, build: Callable[[], Awaitable[T]]) -> T | None:
+    """`read_or_skip` for a read that awaits (restoring media from a media store, for instance)."""
+    try:
+        return await build()
     except Exception as error:
         logger.warning('skipping unreadable %s: %r', description, error)
         return None

@@ -240,7 +240,12 @@ def _restore(node: Any, blobs: dict[tuple[str, str | None], bytes]) -> Any:
 
 
 class _KnownBlobs:
-    """Blobs this process has seen stored, per media store (weakly keyed, bounded per store)."""
+    """Blobs this process has seen stored, per media store (weakly keyed, bounded per store).
+
+    A store whose `transactional` attribute is true is never remembered: its writes belong to a
+    database transaction that may still roll back (the SQL media store's do), so having seen a
+    blob stored proves nothing about the next call.
+    """
 
     def __init__(self) -> None:
         self._by_store: weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], None]] = weakref.WeakKeyDictionary()
@@ -252,6 +257,8 @@ class _KnownBlobs:
             return False
 
     def add(self, store: MediaStore, key: tuple[str, str | None]) -> None:
+        if getattr(store, 'transactional', False):
+            return
         try:
             known = self._by_store.setdefault(store, {})
         except TypeError:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from step_persistence._history import EncodedMessage
 from step_persistence.media.protocol import MediaStore
 from step_persistence.media.walker import (
     DEFAULT_THRESHOLD_BYTES,
@@ -14,10 +16,19 @@ from step_persistence.media.walker import (
     validate_threshold_bytes,
 )
 
-__all__ = ['DEFAULT_THRESHOLD_BYTES', 'MediaSetting', 'MessageMedia']
+__all__ = ['DEFAULT_THRESHOLD_BYTES', 'MediaSetting', 'MessageMedia', 'PackedMessage']
 
 MediaSetting = MediaStore | Literal['auto'] | None
 """A store's `media_store=` argument: a media store, `'auto'` for the backend's default, or `None` for inline."""
+
+
+@dataclass(frozen=True, slots=True)
+class PackedMessage:
+    """A message as a store persists it: its JSON, and whether that JSON holds media markers."""
+
+    data: bytes
+    externalized: bool
+    """Whether the media walker changed the message: read it back through `MessageMedia.unpack`."""
 
 
 @dataclass(frozen=True)
@@ -45,6 +56,21 @@ class MessageMedia:
             return tree, False
         return await externalize_media(tree, media_store=self.store, threshold_bytes=self.threshold_bytes), True
 
+    async def pack_message(self, message: EncodedMessage) -> PackedMessage:
+        """The JSON to persist for `message`: its own bytes, untouched, unless it has payloads to move out.
+
+        Only a message the walker changed is marked `externalized`, so a message without large
+        payloads reads back with no media store involved (and is readable by a store opened with
+        `media_store=None`).
+        """
+        if self.store is None:
+            return PackedMessage(message.data, externalized=False)
+        tree = message.tree()
+        packed = await externalize_media(tree, media_store=self.store, threshold_bytes=self.threshold_bytes)
+        if packed is tree:
+            return PackedMessage(message.data, externalized=False)
+        return PackedMessage(_json_bytes(packed), externalized=True)
+
     async def unpack(self, tree: Any, *, externalized: bool) -> Any:
         """The message tree as it was before `pack`; raises `ValueError` if it needs a media store this one lacks."""
         if not externalized:
@@ -52,3 +78,16 @@ class MessageMedia:
         if self.store is None:
             raise ValueError('this message was stored with its payloads in a media store; open the store with one')
         return await restore_media(tree, media_store=self.store)
+
+    async def unpack_message(self, data: bytes | str, *, externalized: bool) -> Any:
+        """The JSON tree of a message that `pack_message` gave `data` for; payloads put back in place."""
+        return await self.unpack(json.loads(data), externalized=externalized)
+
+
+def _json_bytes(tree: Any) -> bytes:
+    """Compact UTF-8 JSON; a string that is not valid Unicode (a lone surrogate) forces `\\u` escapes."""
+    text = json.dumps(tree, ensure_ascii=False, separators=(',', ':'))
+    try:
+        return text.encode('utf-8')
+    except UnicodeEncodeError:
+        return json.dumps(tree, separators=(',', ':')).encode('ascii')
