@@ -16,11 +16,23 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
+from sqlalchemy import update
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from servers.mongo import Driver, MongoServer
+from servers.postgres import PostgresServer
 from servers.s3 import S3Server
-from step_persistence.media import DiskMediaStore, MediaContext, MediaStore, S3MediaStore
+from step_persistence.media import (
+    DiskMediaStore,
+    MediaContext,
+    MediaStore,
+    PostgresMediaStore,
+    S3MediaStore,
+    SqliteMediaStore,
+    parse_media_uri,
+)
 from step_persistence.media.mongo import MongoMediaStore
+from step_persistence.stores.sql.schema import media
 
 MediaStoreMaker = Callable[..., MediaStore]
 """`make(**options)` returns a new store over the test's location; options: `key_strategy`, `public_url`."""
@@ -114,9 +126,50 @@ async def _mongo(request: pytest.FixtureRequest, driver: Driver) -> AsyncIterato
             yield session
 
 
+def _corrupt_sql(url: str) -> Corruptor:
+    async def corrupt(store: MediaStore, uri: str, context: MediaContext, data: bytes) -> None:
+        engine = create_async_engine(url)
+        try:
+            async with engine.begin() as connection:
+                await connection.execute(update(media).where(media.c.digest == parse_media_uri(uri)).values(data=data))
+        finally:
+            await engine.dispose()
+
+    return corrupt
+
+
+def _sqlite(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[MediaSession]:
+    """The test's stores share a fresh SQLite file."""
+    database = request.getfixturevalue('tmp_path') / 'media.db'
+    return closing(
+        lambda **options: SqliteMediaStore(database, **options), _corrupt_sql(f'sqlite+aiosqlite:///{database}')
+    )
+
+
+@asynccontextmanager
+async def _postgres(request: pytest.FixtureRequest) -> AsyncIterator[MediaSession]:
+    """The test's stores share a fresh PostgreSQL database, dropped afterwards."""
+    server: PostgresServer = request.getfixturevalue('postgres_server')
+    name = await server.create_database()
+    try:
+        async with closing(
+            lambda **options: PostgresMediaStore(server.url(name), **options), _corrupt_sql(server.url(name))
+        ) as session:
+            yield session
+    finally:
+        await server.drop_database(name)
+
+
+_SQL_DIVERGENCES = {
+    name: 'SQL rows are addressed by the digest: the SQL media store takes no key strategy'
+    for name in ('test_custom_key_strategy', 'test_unsafe_keys_are_rejected')
+}
+
 MEDIA_BACKENDS: dict[str, MediaBackend] = {
     'disk': MediaBackend(name='disk', open=_disk),
     'mongo': MediaBackend(name='mongo', open=lambda request: _mongo(request, 'pymongo')),
     'motor': MediaBackend(name='motor', open=lambda request: _mongo(request, 'motor')),
+    'postgres': MediaBackend(name='postgres', open=_postgres, divergences=_SQL_DIVERGENCES),
     's3': MediaBackend(name='s3', open=_s3),
+    'sqlite': MediaBackend(name='sqlite', open=_sqlite, divergences=_SQL_DIVERGENCES),
 }

@@ -11,11 +11,12 @@ from typing import Any
 WRITER = Path(__file__).with_name('writer.py')
 
 
-def write_concurrently(spec: dict[str, Any], prefixes: list[str], count: int) -> None:
-    """Run one `writer.py` per prefix; all are released together once every one has imported."""
+def write_concurrently(spec: dict[str, Any], prefixes: list[str], count: int, *, script: Path = WRITER) -> None:
+    """Run one `script` (default `writer.py`) per prefix, with arguments `SPEC_JSON PREFIX COUNT`; all
+    are released together once every one has imported."""
     writers = [
         subprocess.Popen(
-            [sys.executable, str(WRITER), json.dumps(spec), prefix, str(count)],
+            [sys.executable, str(script), json.dumps(spec), prefix, str(count)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -47,8 +47,8 @@ async def test_damaged_rows_are_skipped_and_logged(
         await damage(
             empty_database.url,
             update(snapshots).where(snapshots.c.seq == 5).values(state='exploded'),
-            update(snapshots).where(snapshots.c.seq == 4).values(message_refs=[[1, 999]]),
-            update(snapshots).where(snapshots.c.seq == 3).values(message_refs='not a list of ranges'),
+            update(snapshots).where(snapshots.c.seq == 4).values(history_length=999),
+            update(snapshots).where(snapshots.c.seq == 3).values(through_message=-1),
             update(messages).where(messages.c.no == 2).values(body=b'{"kind": "no such message"}'),
             update(events).where(events.c.kind == 'run_completed').values(kind='exploded'),
             update(tool_effects).where(tool_effects.c.tool_call_id == 'bad').values(status='maybe'),

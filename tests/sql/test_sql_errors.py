@@ -62,16 +62,18 @@ async def test_front_doors_refuse_the_other_dialect(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ('options', 'message'),
+    ('options', 'error', 'message'),
     [
-        ({'media_threshold_bytes': 0}, 'media_threshold_bytes'),
-        ({'media_threshold_bytes': 1.5}, 'media_threshold_bytes'),
-        ({'media_store': 'disk'}, 'media_store'),
-        ({'max_snapshots_per_run': 0}, 'max_snapshots_per_run'),
+        ({'media_threshold_bytes': 0}, ValueError, 'threshold_bytes'),
+        ({'media_threshold_bytes': 1.5}, ValueError, 'threshold_bytes'),
+        ({'media_store': 'disk'}, TypeError, 'media_store'),
+        ({'max_snapshots_per_run': 0}, ValueError, 'max_snapshots_per_run'),
     ],
 )
-def test_invalid_options_are_rejected(tmp_path: Path, options: dict[str, object], message: str) -> None:
-    with pytest.raises(ValueError, match=message):
+def test_invalid_options_are_rejected(
+    tmp_path: Path, options: dict[str, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
         SqliteStepStore(tmp_path / 'options.db', **options)  # type: ignore[arg-type]
 
 

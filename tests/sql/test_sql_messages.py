@@ -1,19 +1,25 @@
-"""Each distinct message of a run is stored once; snapshots refer to message numbers."""
+"""Messages are stored once per history position and version; a snapshot refers to them in constant space."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
+from pydantic_ai.usage import UsageLimits
 from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
+from scripted import calls, scripted, text, turn_step
 from sql.databases import EmptyDatabase
-from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
+from sql.processes import write_concurrently
+from sql.shared_run_writer import RUN_ID, SCRIPT, history_for
+from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepPersistence
 from step_persistence._history import HistoryEncoder
 from step_persistence.stores.sql.schema import messages, snapshots
-from step_persistence.testing.conformance import sample_history
+from step_persistence.testing.conformance import T0, sample_history
 
 pytestmark = pytest.mark.anyio
 
@@ -36,8 +42,19 @@ def snapshot(run_id: str, history: list[ModelMessage], step: int, encoder: Histo
     )
 
 
-async def stored(url: str, run_id: str) -> tuple[int, int, list[Any]]:
-    """Message rows, total message body length, and every snapshot's message references."""
+@dataclass
+class Stored:
+    """What the tables hold for one run."""
+
+    message_rows: int
+    message_bytes: int
+    references: list[tuple[int, int]]
+    """`(history_length, through_message)` of every snapshot, in sequence order."""
+    snapshot_row_bytes: list[int]
+    """Every snapshot row's size: the text length of all its values."""
+
+
+async def stored(url: str, run_id: str) -> Stored:
     engine = create_async_engine(url)
     try:
         async with engine.connect() as connection:
@@ -48,30 +65,52 @@ async def stored(url: str, run_id: str) -> tuple[int, int, list[Any]]:
                     )
                 )
             ).one()
-            refs = (
+            rows = (
                 await connection.execute(
-                    select(snapshots.c.message_refs).where(snapshots.c.run_id == run_id).order_by(snapshots.c.seq)
+                    select(snapshots).where(snapshots.c.run_id == run_id).order_by(snapshots.c.seq)
                 )
-            ).scalars()
-            return count, size, list(refs)
+            ).all()
     finally:
         await engine.dispose()
+    return Stored(
+        message_rows=count,
+        message_bytes=size or 0,
+        references=[(row.history_length, row.through_message) for row in rows],
+        snapshot_row_bytes=[sum(len(str(value)) for value in row if value is not None) for row in rows],
+    )
 
 
 async def test_a_run_of_k_steps_writes_each_message_once(empty_database: EmptyDatabase) -> None:
     steps = 30
     history = sample_history(steps, tag='long')
     encoder = HistoryEncoder()
-    async with SqlStepStore(empty_database.url) as store:
+    async with SqlStepStore(empty_database.url, media_store=None) as store:
         await store.register_run(RunRecord(run_id='long'))
         for step in range(1, steps + 1):
             await store.save_snapshot(snapshot('long', history[: 2 * step + 1], step, encoder))
         latest = await store.latest_snapshot(run_id='long')
         assert latest is not None and dump(latest.messages) == dump(history)
-    count, size, refs = await stored(empty_database.url, 'long')
-    assert count == len(history)
-    assert size <= sum(len(message.data) for message in encoder.encode(history).messages) + count * 2
-    assert refs == [[[1, 2 * step + 1]] for step in range(1, steps + 1)], 'one range per snapshot: O(1) each'
+    found = await stored(empty_database.url, 'long')
+    assert found.message_rows == len(history)
+    assert found.message_bytes <= sum(len(message.data) for message in encoder.encode(history).messages) + 2
+    assert found.references == [(2 * step + 1, 2 * step + 1) for step in range(1, steps + 1)]
+
+
+async def test_a_message_completed_in_place_gets_a_new_version_and_older_snapshots_keep_theirs(
+    empty_database: EmptyDatabase,
+) -> None:
+    prefix = sample_history(1, tag='inplace')
+    newest = ModelRequest(parts=[UserPromptPart(content='newest', timestamp=T0)])
+    completed = ModelRequest(parts=[UserPromptPart(content='newest', timestamp=T0)], run_id='completed later')
+    histories = [[*prefix, newest], [*prefix, completed, *sample_history(1, tag='next')]]
+    async with SqlStepStore(empty_database.url) as store:
+        await store.register_run(RunRecord(run_id='inplace'))
+        for step, history in enumerate(histories, start=1):
+            await store.save_snapshot(ContinuableSnapshot(run_id='inplace', step_index=step, messages=history))
+        assert [dump(s.messages) for s in await store.list_snapshots(run_id='inplace')] == [dump(h) for h in histories]
+    found = await stored(empty_database.url, 'inplace')
+    assert found.message_rows == len(histories[0]) + 1 + 3, 'the completed message is a second version of position 3'
+    assert found.references == [(4, 4), (7, 8)]
 
 
 async def test_a_second_store_on_the_same_run_reuses_the_stored_messages(empty_database: EmptyDatabase) -> None:
@@ -83,8 +122,35 @@ async def test_a_second_store_on_the_same_run_reuses_the_stored_messages(empty_d
         await second.save_snapshot(snapshot('shared', history, 4, HistoryEncoder()))
         snapshots_read = await second.list_snapshots(run_id='shared')
         assert [dump(s.messages) for s in snapshots_read] == [dump(history[:5]), dump(history)]
-    count, _, _ = await stored(empty_database.url, 'shared')
-    assert count == len(history)
+    assert (await stored(empty_database.url, 'shared')).message_rows == len(history)
+
+
+async def test_stores_taking_turns_on_one_run_catch_up_with_each_other(empty_database: EmptyDatabase) -> None:
+    async with SqlStepStore(empty_database.url) as first, SqlStepStore(empty_database.url) as second:
+        await first.register_run(RunRecord(run_id=RUN_ID))
+        saved: list[int] = []
+        for step in range(1, 9):
+            writer = step % 2
+            store = (first, second)[writer]
+            index = writer * 100 + step
+            await store.save_snapshot(ContinuableSnapshot(run_id=RUN_ID, step_index=index, messages=history_for(index)))
+            saved.append(index)
+        for reader in (first, second):
+            read = await reader.list_snapshots(run_id=RUN_ID)
+            assert [s.step_index for s in read] == saved
+            assert all(dump(s.messages) == dump(history_for(s.step_index)) for s in read)
+
+
+async def test_writers_in_several_processes_share_one_run(empty_database: EmptyDatabase) -> None:
+    spec = {'backend': empty_database.url.replace('+aiosqlite', '').replace('+asyncpg', '')}
+    async with SqlStepStore(empty_database.url) as store:
+        await store.register_run(RunRecord(run_id=RUN_ID))
+    write_concurrently(spec, ['1', '2', '3'], count=12, script=SCRIPT)
+    async with SqlStepStore(empty_database.url) as store:
+        read = await store.list_snapshots(run_id=RUN_ID)
+        assert sorted(s.step_index % 100 for s in read) == sorted(list(range(1, 13)) * 3)
+        wrong = [s.step_index for s in read if dump(s.messages) != dump(history_for(s.step_index))]
+        assert wrong == []
 
 
 async def test_a_run_deleted_and_registered_again_elsewhere_is_not_confused_with_the_old_one(
@@ -113,6 +179,35 @@ async def test_a_shared_connection_also_writes_each_message_once(empty_database:
                 await store.save_snapshot(snapshot('conn', history[: 2 * step + 1], step, HistoryEncoder()))
     finally:
         await engine.dispose()
-    count, _, refs = await stored(empty_database.url, 'conn')
-    assert count == len(history)
-    assert refs == [[[1, 3]], [[1, 5]], [[1, 7]]]
+    found = await stored(empty_database.url, 'conn')
+    assert found.message_rows == len(history)
+    assert found.references == [(3, 3), (5, 5), (7, 7)]
+
+
+async def run_agent(store: SqlStepStore, run_id: str, steps: int) -> None:
+    """A real agent run of `steps` tool-calling steps, then a final answer."""
+
+    def respond(history: list[ModelMessage]) -> Any:
+        step = turn_step(history)
+        return calls(('lookup', {'n': step}, f'lookup-{step}')) if step < steps else text('done')
+
+    agent = Agent(scripted(respond), capabilities=[StepPersistence(store=store, run_id=run_id)])
+
+    @agent.tool_plain
+    def lookup(n: int) -> str:
+        return f'value {n}'
+
+    await agent.run('look everything up', usage_limits=UsageLimits(request_limit=None))
+
+
+async def test_snapshot_rows_keep_a_constant_size_as_a_real_agent_run_grows(empty_database: EmptyDatabase) -> None:
+    async with SqlStepStore(empty_database.url) as store:
+        await run_agent(store, 'short', 20)
+        await run_agent(store, 'long', 80)
+        latest = await store.latest_snapshot(run_id='long')
+        assert latest is not None and len(latest.messages) == 2 * 80 + 2
+    short, long = await stored(empty_database.url, 'short'), await stored(empty_database.url, 'long')
+    assert len(long.snapshot_row_bytes) > 80
+    assert max(long.snapshot_row_bytes) <= max(short.snapshot_row_bytes) + 8, 'only digits may grow'
+    assert long.message_rows <= 3 * 80 + 5, 'a few rows per step: the new messages and the completed newest one'
+    assert long.message_bytes / 80 <= 1.1 * short.message_bytes / 20, 'message bytes per step stay flat'

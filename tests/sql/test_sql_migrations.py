@@ -114,8 +114,15 @@ async def test_snapshots_from_before_the_state_column_read_back_complete(empty_d
             await connection.execute(
                 messages.insert(),
                 [
-                    {'run_id': 'old', 'no': no, 'digest': message.digest, 'body': message.data}
-                    for no, message in enumerate(encoded, start=1)
+                    {
+                        'run_id': 'old',
+                        'no': position + 1,
+                        'position': position,
+                        'digest': message.digest,
+                        'body': message.data,
+                        'externalized': False,
+                    }
+                    for position, message in enumerate(encoded)
                 ],
             )
             for seq, length in ((1, 3), (2, len(history))):
@@ -125,7 +132,8 @@ async def test_snapshots_from_before_the_state_column_read_back_complete(empty_d
                         seq=seq,
                         step_index=seq,
                         timestamp=func.current_timestamp(),
-                        message_refs=[[1, length]],
+                        history_length=length,
+                        through_message=length,
                     )
                 )
         await upgrade(database)

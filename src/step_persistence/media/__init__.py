@@ -5,6 +5,7 @@ tree into a `MediaStore` and leaves versioned markers holding `media+sha256://` 
 place; `restore_media` puts the original bytes and text back. See docs/media.md.
 """
 
+from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 from step_persistence.media.disk import DiskMediaStore
@@ -16,6 +17,15 @@ from step_persistence.media.walker import externalize_media, restore_media
 
 if TYPE_CHECKING:
     from step_persistence.media.mongo import MongoMediaStore
+    from step_persistence.media.sql import PostgresMediaStore, SqliteMediaStore, SqlMediaStore
+
+_LAZY: dict[str, str] = {
+    'MongoMediaStore': 'step_persistence.media.mongo',
+    'PostgresMediaStore': 'step_persistence.media.sql',
+    'SqlMediaStore': 'step_persistence.media.sql',
+    'SqliteMediaStore': 'step_persistence.media.sql',
+}
+"""Stores imported on first use: the MongoDB driver is optional, and SQLAlchemy with Alembic is heavy."""
 
 __all__ = [
     'DiskMediaStore',
@@ -23,8 +33,11 @@ __all__ = [
     'MediaContext',
     'MediaStore',
     'MongoMediaStore',
+    'PostgresMediaStore',
     'PublicUrlResolver',
     'S3MediaStore',
+    'SqlMediaStore',
+    'SqliteMediaStore',
     'default_key_strategy',
     'externalize_media',
     'make_static_public_url',
@@ -35,9 +48,8 @@ __all__ = [
 
 
 def __getattr__(name: str) -> Any:
-    """Import `MongoMediaStore` on first use, so that the package works without the MongoDB driver."""
-    if name == 'MongoMediaStore':
-        from step_persistence.media.mongo import MongoMediaStore
-
-        return MongoMediaStore
-    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    """Import a store from `_LAZY` on first use."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
+    return getattr(import_module(module), name)

@@ -1,5 +1,8 @@
 """Base schema: runs, events, messages, snapshots (without `state`), snapshot keys, tool effects, media.
 
+Messages are stored per history position and version; a snapshot names its history with
+`history_length` and `through_message` (see `step_persistence.stores.sql.schema`).
+
 Revision ID: 0001
 Revises:
 """
@@ -76,12 +79,14 @@ def upgrade() -> None:
         'messages',
         sa.Column('run_id', sa.String(), nullable=False),
         sa.Column('no', sa.BigInteger(), autoincrement=False, nullable=False),
+        sa.Column('position', sa.Integer(), nullable=False),
         sa.Column('digest', sa.String(64), nullable=False),
         sa.Column('body', EncodedJSON(), nullable=False),
+        sa.Column('externalized', sa.Boolean(), nullable=False),
         sa.PrimaryKeyConstraint('run_id', 'no', name='pk_messages'),
-        sa.UniqueConstraint('run_id', 'digest', name='uq_messages_run_id_digest'),
         _run_fk('messages'),
     )
+    op.create_index('ix_messages_run_id_position_no', 'messages', ['run_id', 'position', 'no'])
 
     op.create_table(
         'snapshots',
@@ -93,7 +98,8 @@ def upgrade() -> None:
         sa.Column('parent_run_id', sa.String(), nullable=True),
         sa.Column('agent_name', sa.String(), nullable=True),
         sa.Column('idempotency_key', sa.String(), nullable=True),
-        sa.Column('message_refs', JSON_DOCUMENT, nullable=False),
+        sa.Column('history_length', sa.Integer(), nullable=False),
+        sa.Column('through_message', sa.BigInteger(), nullable=False),
         sa.PrimaryKeyConstraint('run_id', 'seq', name='pk_snapshots'),
         _run_fk('snapshots'),
     )
@@ -126,6 +132,7 @@ def upgrade() -> None:
         sa.Column('digest', sa.String(64), nullable=False),
         sa.Column('data', sa.LargeBinary(), nullable=False),
         sa.Column('media_type', sa.String(), nullable=True),
+        sa.Column('filename', sa.String(), nullable=True),
         sa.Column('metadata', JSON_DOCUMENT, nullable=False),
         sa.Column('created_at', DateTimeUTC(), nullable=False),
         sa.PrimaryKeyConstraint('digest', name='pk_media'),
@@ -138,6 +145,7 @@ def downgrade() -> None:
     op.drop_table('tool_effects')
     op.drop_table('snapshot_keys')
     op.drop_table('snapshots')
+    op.drop_index('ix_messages_run_id_position_no', table_name='messages')
     op.drop_table('messages')
     op.drop_index('uq_events_run_id_idempotency_key', table_name='events')
     op.drop_index('ix_events_run_id_id', table_name='events')

@@ -12,14 +12,23 @@ A `Database` wraps one of:
 Each operation runs in one transaction on one connection. On SQLite engines the store builds,
 the store emits `BEGIN IMMEDIATE` for writes (so a writer waits for the lock, up to the busy
 timeout, instead of failing halfway) and `BEGIN` for reads (one consistent view per read).
+
+An operation that starts inside another operation's transaction on the same `Database` (the
+SQL media store putting a blob while the step store saves a snapshot) joins that transaction:
+same connection, committed or rolled back together. Several tasks joining one transaction (the
+media walker puts blobs concurrently) take turns on its connection.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import sqlite3
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiosqlite
@@ -27,6 +36,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
+from sqlalchemy.sql import Executable
 
 from step_persistence.stores.sql.dialects import check_dialect, redact, resolve_url
 
@@ -37,6 +47,19 @@ DEFAULT_BUSY_TIMEOUT = 30.0
 
 _WRITE = 'step_persistence_write'
 """Connection execution option: the transaction about to begin writes (SQLite: `BEGIN IMMEDIATE`)."""
+
+
+@dataclass(frozen=True)
+class _Current:
+    """The transaction an operation on `database` is running in, for operations nested inside it."""
+
+    database: Database
+    connection: AsyncConnection
+    turn: asyncio.Lock
+    """Held by each nested operation while it uses the connection."""
+
+
+_CURRENT: ContextVar[_Current | None] = ContextVar('step_persistence_sql_transaction', default=None)
 
 
 class Database:
@@ -71,6 +94,26 @@ class Database:
         """Held for every operation when there is only one connection to share."""
         self._writer = asyncio.Lock() if dialect.name == 'sqlite' and not single_connection else None
         """SQLite admits one writer at a time: this process's writers queue here rather than in the busy handler."""
+        self._schema_ready = False
+        self._schema_lock = asyncio.Lock()
+
+    @classmethod
+    def open(cls, target: str | URL | AsyncEngine | AsyncConnection | Database, *, schema: str | None) -> Database:
+        """The database a store is built on: from a URL (owned), an engine or a connection (borrowed).
+
+        A `Database` is returned as it is (the schema belongs to it already).
+        """
+        if isinstance(target, Database):
+            if schema is not None:
+                raise TypeError('pass the schema to the Database, not to the store')
+            return target
+        if isinstance(target, AsyncEngine):
+            return cls.from_engine(target, schema=schema)
+        if isinstance(target, AsyncConnection):
+            return cls.from_connection(target, schema=schema)
+        if isinstance(target, str | URL):
+            return cls.from_url(target, schema=schema)
+        raise TypeError(f'expected a database URL, an AsyncEngine or an AsyncConnection, got {type(target).__name__}')
 
     @property
     def in_caller_transaction(self) -> bool:
@@ -90,6 +133,50 @@ class Database:
             file_backed = resolved.database not in (None, '', ':memory:')
             _take_over_sqlite_transactions(engine, wal=file_backed)
         return cls(engine=engine, owns_engine=True, schema=schema, description=f'URL {redact(resolved)}')
+
+    @classmethod
+    def for_sqlite(
+        cls,
+        database: str | os.PathLike[str] | AsyncEngine | AsyncConnection | None,
+        *,
+        connection: sqlite3.Connection | None,
+        busy_timeout: float,
+        owner: str,
+    ) -> Database:
+        """The database of a SQLite front door (`owner` names it in errors).
+
+        `database` is a file path (created with its directory; `None` means `runs.db`),
+        `':memory:'`, or an application's SQLite `AsyncEngine` or `AsyncConnection`; or
+        `connection` is an application's `sqlite3.Connection` (see `from_sqlite3`).
+        """
+        if connection is not None:
+            if database is not None:
+                raise TypeError('pass either database= or connection=, not both')
+            if not isinstance(connection, sqlite3.Connection):
+                raise TypeError(f'connection= must be a sqlite3.Connection, got {type(connection).__name__}')
+            return cls.from_sqlite3(connection)
+        if isinstance(database, AsyncEngine | AsyncConnection):
+            if database.dialect.name != 'sqlite':
+                raise ValueError(f'{owner} needs a SQLite engine or connection, got {database.dialect.name}')
+            return cls.open(database, schema=None)
+        name = os.fspath('runs.db' if database is None else database)
+        if name != ':memory:':
+            Path(name).parent.mkdir(parents=True, exist_ok=True)
+        return cls.from_url(URL.create('sqlite+aiosqlite', database=name), busy_timeout=busy_timeout)
+
+    @classmethod
+    def for_postgres(
+        cls, url_or_engine: str | URL | AsyncEngine | AsyncConnection, *, schema: str | None, owner: str
+    ) -> Database:
+        """The database of a PostgreSQL front door (`owner` names it in errors): a URL, engine or connection."""
+        if isinstance(url_or_engine, AsyncEngine | AsyncConnection):
+            if url_or_engine.dialect.name != 'postgresql':
+                raise ValueError(f'{owner} needs a PostgreSQL database, got a {url_or_engine.dialect.name} engine')
+            return cls.open(url_or_engine, schema=schema)
+        url = resolve_url(url_or_engine)
+        if url.get_backend_name() != 'postgresql':
+            raise ValueError(f'{owner} needs a PostgreSQL database, got {redact(url)}')
+        return cls.from_url(url, schema=schema)
 
     @classmethod
     def from_engine(cls, engine: AsyncEngine, *, schema: str | None = None) -> Database:
@@ -127,19 +214,55 @@ class Database:
         """A connection inside a transaction for one operation, committed on success.
 
         With a caller's `AsyncConnection`, that connection as it is: the caller's transaction,
-        neither committed nor rolled back here.
+        neither committed nor rolled back here. Inside another operation's transaction on this
+        database, that transaction (see the module docstring).
         """
+        current = _CURRENT.get()
+        if current is not None and current.database is self:
+            async with current.turn:
+                yield current.connection
+            return
         writer = self._writer if write else None
         async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
             if self._connection is not None:
-                yield self._connection
+                with self._current(self._connection):
+                    yield self._connection
                 return
             assert self._engine is not None
             async with self._engine.connect() as connection:
                 if write:
                     await connection.execution_options(**{_WRITE: True})
                 async with connection.begin():
-                    yield connection
+                    with self._current(connection):
+                        yield connection
+
+    async def execute(self, connection: AsyncConnection, statement: Executable, parameters: Any = None) -> Any:
+        """Run `statement` on `connection` (one of this database's) with the schema mapping applied."""
+        return await connection.execute(statement, parameters, execution_options=self.execution_options)
+
+    @contextlib.contextmanager
+    def _current(self, connection: AsyncConnection) -> Iterator[None]:
+        token = _CURRENT.set(_Current(database=self, connection=connection, turn=asyncio.Lock()))
+        try:
+            yield
+        finally:
+            _CURRENT.reset(token)
+
+    async def ensure_schema(self, upgrade: Callable[[Database], Awaitable[None]]) -> None:
+        """Run `upgrade` unless the schema is known to be up to date; concurrent callers wait for one run.
+
+        Stores sharing this database (a step store and its media store) share this knowledge.
+        """
+        if self._schema_ready:
+            return
+        async with self._schema_lock:
+            if not self._schema_ready:
+                await upgrade(self)
+                self._schema_ready = True
+
+    def schema_upgraded(self) -> None:
+        """Record that the schema was just brought up to date (by an explicit migration)."""
+        self._schema_ready = True
 
     async def aclose(self) -> None:
         """Dispose of the engine if this database created it; borrowed engines and connections stay open."""

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from step_persistence.media.protocol import MediaStore
-from step_persistence.stores.sql.dialects import redact, resolve_url
-from step_persistence.stores.sql.store import DEFAULT_MEDIA_THRESHOLD_BYTES, SqlStepStore
+from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting
+from step_persistence.stores.sql.database import Database
+from step_persistence.stores.sql.store import SqlStepStore
 
 __all__ = ['PostgresStepStore']
 
@@ -34,21 +32,11 @@ class PostgresStepStore(SqlStepStore):
         *,
         auto_migrate: bool = True,
         max_snapshots_per_run: int | None = None,
-        media_store: MediaStore | Literal['auto'] | None = 'auto',
-        media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
+        media_store: MediaSetting = 'auto',
+        media_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
     ) -> None:
-        if isinstance(url_or_engine, AsyncEngine | AsyncConnection):
-            dialect = url_or_engine.dialect.name
-        else:
-            url = resolve_url(url_or_engine)
-            dialect = url.get_backend_name()
-            url_or_engine = url
-        if dialect != 'postgresql':
-            where = redact(url_or_engine) if isinstance(url_or_engine, URL) else f'a {dialect} engine'
-            raise ValueError(f'PostgresStepStore needs a PostgreSQL database, got {where}')
         super().__init__(
-            url_or_engine,
-            schema=schema,
+            Database.for_postgres(url_or_engine, schema=schema, owner='PostgresStepStore'),
             auto_migrate=auto_migrate,
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,

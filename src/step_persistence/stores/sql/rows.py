@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, cast
 from sqlalchemy.sql.elements import ColumnElement
 
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
@@ -17,6 +16,7 @@ __all__ = [
     'RUN_COLUMNS',
     'SNAPSHOT_HEADER_COLUMNS',
     'TOOL_EFFECT_COLUMNS',
+    'StoredHistory',
     'event_from_row',
     'event_values',
     'run_from_row',
@@ -69,9 +69,19 @@ EVENT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(events.c[name] for name in
 TOOL_EFFECT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(tool_effects.c[name] for name in _TOOL_EFFECT_FIELDS)
 SNAPSHOT_HEADER_COLUMNS: tuple[ColumnElement[Any], ...] = (
     *(snapshots.c[name] for name in _SNAPSHOT_FIELDS),
-    cast(snapshots.c.message_refs, Text).label('message_refs'),
+    snapshots.c.history_length,
+    snapshots.c.through_message,
 )
-"""A snapshot row without its messages; `message_refs` comes back as JSON text, parsed when read."""
+"""A snapshot row: its fields and the reference to its messages."""
+
+
+@dataclass(frozen=True)
+class StoredHistory:
+    """Which `messages` rows make up a snapshot's history: for each position below `length`, the
+    newest row numbered at most `through_message`."""
+
+    length: int
+    through_message: int
 
 
 def run_values(record: RunRecord) -> dict[str, Any]:
@@ -98,12 +108,15 @@ def tool_effect_from_row(row: Mapping[str, Any]) -> ToolEffectRecord:
     return ToolEffectRecord.model_validate({name: row[name] for name in _TOOL_EFFECT_FIELDS})
 
 
-def snapshot_values(snapshot: ContinuableSnapshot, *, seq: int, message_refs: list[list[int]]) -> dict[str, Any]:
+def snapshot_values(snapshot: ContinuableSnapshot, *, seq: int, history: StoredHistory) -> dict[str, Any]:
     values = {name: getattr(snapshot, name) for name in _SNAPSHOT_FIELDS if name != 'seq'}
-    return {**values, 'seq': seq, 'message_refs': message_refs}
+    return {**values, 'seq': seq, 'history_length': history.length, 'through_message': history.through_message}
 
 
-def snapshot_header_from_row(row: Mapping[str, Any]) -> tuple[ContinuableSnapshot, Any]:
-    """The snapshot without messages, and its parsed (not yet checked) message references."""
+def snapshot_header_from_row(row: Mapping[str, Any]) -> tuple[ContinuableSnapshot, StoredHistory]:
+    """The snapshot without messages, and the reference to its messages; `ValueError` for a malformed row."""
     header = ContinuableSnapshot.model_validate({**{name: row[name] for name in _SNAPSHOT_FIELDS}, 'messages': []})
-    return header, json.loads(row['message_refs'])
+    length, through = row['history_length'], row['through_message']
+    if not (isinstance(length, int) and isinstance(through, int) and length >= 0 and through >= 0):
+        raise ValueError(f'malformed history reference: length {length!r}, through message {through!r}')
+    return header, StoredHistory(length=length, through_message=through)

@@ -13,6 +13,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    Boolean,
     ForeignKey,
     Index,
     Integer,
@@ -21,7 +22,6 @@ from sqlalchemy import (
     String,
     Table,
     Text,
-    UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -100,7 +100,8 @@ class Run(Base):
     last_snapshot_seq: Mapped[int] = mapped_column(BigInteger, server_default=text('0'))
     """The highest snapshot sequence number handed out for this run."""
     last_message_no: Mapped[int] = mapped_column(BigInteger, server_default=text('0'))
-    """The highest message number handed out for this run."""
+    """`no` of the run's newest `messages` row (0 before the first); it changes with every row written,
+    so a writer that finds it as it last saw it knows the run's messages are as it last saw them."""
 
 
 class Event(Base):
@@ -135,21 +136,36 @@ class Event(Base):
 
 
 class Message(Base):
-    """Each distinct message of a run, stored once and numbered per run; snapshots refer to numbers."""
+    """Every version of every message position of a run's history, each stored once.
+
+    Row `no` (numbered per run, in the order rows are written) holds a version of the message
+    at `position` of the run's history. A save writes rows only for the positions whose message
+    differs from the newest version stored for that position; a snapshot names its messages with
+    `history_length` and `through_message` (see `Snapshot`).
+    """
 
     __tablename__ = 'messages'
-    __table_args__ = (UniqueConstraint('run_id', 'digest'),)
+    __table_args__ = (Index('ix_messages_run_id_position_no', 'run_id', 'position', 'no'),)
 
     run_id: Mapped[str] = _run_fk()
     no: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    position: Mapped[int] = mapped_column(Integer)
+    """The message's index in the run's history (0 is the first message)."""
     digest: Mapped[str] = mapped_column(String(64))
-    """SHA-256 (hex) of the message's JSON encoding."""
+    """SHA-256 (hex) of the message's JSON encoding (before any payload moved to the media store)."""
     body: Mapped[Any] = mapped_column(EncodedJSON)
     """The message as pydantic-ai's JSON (`ModelMessagesTypeAdapter` format, one message)."""
+    externalized: Mapped[bool] = mapped_column(Boolean)
+    """Whether `body` holds media markers: large payloads live in the media store, put back on read."""
 
 
 class Snapshot(Base):
-    """A continuable snapshot's header; its messages are `message_refs` into `messages`."""
+    """A continuable snapshot: its fields, and which rows of `messages` make up its history.
+
+    Message `i` of the history (`0 <= i < history_length`) is the row of `messages` at position
+    `i` with the highest `no` that is at most `through_message`. Two integers, whatever the
+    length of the history.
+    """
 
     __tablename__ = 'snapshots'
     __table_args__ = (Index('ix_snapshots_run_id_state_seq', 'run_id', 'state', 'seq'),)
@@ -162,8 +178,10 @@ class Snapshot(Base):
     parent_run_id: Mapped[str | None] = mapped_column(String)
     agent_name: Mapped[str | None] = mapped_column(String)
     idempotency_key: Mapped[str | None] = mapped_column(String)
-    message_refs: Mapped[list[list[int]]] = mapped_column(JSON_DOCUMENT)
-    """Inclusive `[first, last]` ranges of message numbers, in history order."""
+    history_length: Mapped[int] = mapped_column(Integer)
+    """How many messages the snapshot's history has."""
+    through_message: Mapped[int] = mapped_column(BigInteger)
+    """The newest `messages.no` the history may use (the run's last message number when it was saved)."""
     state: Mapped[str] = mapped_column(String, server_default='complete')
 
 
@@ -198,9 +216,10 @@ class Media(Base):
     __tablename__ = 'media'
 
     digest: Mapped[str] = mapped_column(String(64), primary_key=True)
-    """SHA-256 (hex) of `data`."""
+    """SHA-256 (hex) of `data`: the blob's media URI is `media+sha256://<digest>`."""
     data: Mapped[bytes] = mapped_column(LargeBinary)
     media_type: Mapped[str | None] = mapped_column(String)
+    filename: Mapped[str | None] = mapped_column(String)
     metadata_: Mapped[dict[str, str]] = mapped_column('metadata', JSON_DOCUMENT)
     created_at: Mapped[datetime] = mapped_column(DateTimeUTC)
 

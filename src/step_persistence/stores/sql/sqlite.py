@@ -4,16 +4,14 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from pathlib import Path
-from typing import Literal
 
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
-from step_persistence.media.protocol import MediaStore
+from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting
 from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database
 from step_persistence.stores.sql.dialects import resolve_url
-from step_persistence.stores.sql.store import DEFAULT_MEDIA_THRESHOLD_BYTES, SqlStepStore
+from step_persistence.stores.sql.store import SqlStepStore
 
 __all__ = ['SqliteStepStore', 'database_from_url']
 
@@ -42,39 +40,17 @@ class SqliteStepStore(SqlStepStore):
         connection: sqlite3.Connection | None = None,
         auto_migrate: bool = True,
         max_snapshots_per_run: int | None = None,
-        media_store: MediaStore | Literal['auto'] | None = 'auto',
-        media_threshold_bytes: int = DEFAULT_MEDIA_THRESHOLD_BYTES,
+        media_store: MediaSetting = 'auto',
+        media_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     ) -> None:
-        target: Database | AsyncEngine | AsyncConnection
-        if connection is not None:
-            if database is not None:
-                raise TypeError('pass either database= or connection=, not both')
-            if not isinstance(connection, sqlite3.Connection):
-                raise TypeError(f'connection= must be a sqlite3.Connection, got {type(connection).__name__}')
-            target = Database.from_sqlite3(connection)
-        elif isinstance(database, AsyncEngine | AsyncConnection):
-            if database.dialect.name != 'sqlite':
-                raise ValueError(f'SqliteStepStore needs a SQLite engine or connection, got {database.dialect.name}')
-            target = database
-        else:
-            target = Database.from_url(_sqlite_url(database), busy_timeout=busy_timeout)
         super().__init__(
-            target,
+            Database.for_sqlite(database, connection=connection, busy_timeout=busy_timeout, owner='SqliteStepStore'),
             auto_migrate=auto_migrate,
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
         )
-
-
-def _sqlite_url(database: str | os.PathLike[str] | None) -> URL:
-    if database is None:
-        database = 'runs.db'
-    name = os.fspath(database)
-    if name != ':memory:':
-        Path(name).parent.mkdir(parents=True, exist_ok=True)
-    return URL.create('sqlite+aiosqlite', database=name)
 
 
 def database_from_url(url: str | URL) -> str:
