@@ -339,10 +339,12 @@ def test_fsync_must_be_a_bool(tmp_path: Path, bad: object) -> None:
         FileStepStore(tmp_path, fsync=bad)  # type: ignore[arg-type]
 
 
-def test_media_options_are_kept(tmp_path: Path) -> None:
+def test_media_options_resolve_to_a_media_store(tmp_path: Path) -> None:
     store = FileStepStore(tmp_path, media_store=None, media_threshold_bytes=10)
     assert (store.media_store, store.media_threshold_bytes) == (None, 10)
-    assert (FileStepStore(tmp_path).media_store, FileStepStore(tmp_path).media_threshold_bytes) == ('auto', 65536)
+    default = FileStepStore(tmp_path)
+    assert isinstance(default.media_store, DiskMediaStore)
+    assert (default.media_store.directory, default.media_threshold_bytes) == (default.media_directory, 65536)
     disk = DiskMediaStore(tmp_path / 'blobs')
     assert FileStepStore(tmp_path, media_store=disk).media_store is disk
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import hashlib
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress
-from operator import attrgetter, ne
+from operator import attrgetter
 
-from step_persistence._history import EncodedMessage
+from step_persistence._history import EncodedMessage, changed_positions
+from step_persistence.stores._media import PackedMessage
 from step_persistence.stores.file._codec import HistoryRef
 from step_persistence.stores.file._io import FileIo, Span
 from step_persistence.stores.file._journal import Journal
@@ -82,23 +82,24 @@ class MessageJournal(Journal[MessageEntry]):
         self.versions[position].append(MessageVersion(entry.number, entry.digest, span))
         self.next_number = max(self.next_number, entry.number + 1)
 
-    def store(self, io: FileIo, messages: Sequence[EncodedMessage]) -> HistoryRef:
+    def store(
+        self, io: FileIo, messages: Sequence[EncodedMessage], pack: Callable[[EncodedMessage], PackedMessage]
+    ) -> HistoryRef:
         """Append (in one write) the messages that differ from the latest stored version at their position.
 
-        Returns the reference to `messages` as now stored; the journal must be caught up, under the
-        run's exclusive lock.
+        Each appended message is first `pack`ed (large payloads moved to the media store). Returns
+        the reference to `messages` as now stored; the journal must be caught up, under the run's
+        exclusive lock.
         """
         digests = list(map(_DIGEST, messages))
-        common = min(len(digests), len(self.latest))
-        changed: list[int] = []
-        if digests[:common] != self.latest[:common]:  # compared in C; usually only the tail differs
-            changed.extend(compress(range(common), map(ne, digests, self.latest)))
-        changed.extend(range(common, len(digests)))
         self.append(
             io,
             [
-                (message_line(number, position, messages[position]), MessageEntry(number, position, digests[position]))
-                for number, position in enumerate(changed, start=self.next_number)
+                (
+                    message_line(number, position, digests[position], pack(messages[position])),
+                    MessageEntry(number, position, digests[position]),
+                )
+                for number, position in enumerate(changed_positions(digests, self.latest), start=self.next_number)
             ],
         )
         beyond = sum(

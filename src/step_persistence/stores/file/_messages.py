@@ -1,15 +1,15 @@
 """How messages are spelled in `messages.jsonl`: each version of each history position, once.
 
-A line is `{"no": <n>, "pos": <i>, "digest": "<sha256 of the message JSON>", "message": <JSON>}`:
+A line is `{"no": <n>, "pos": <i>, "digest": "<sha256>", "externalized": <bool>, "message": <JSON>}`:
 message number `n` (the line's rank in the file) holds a version of the message at position `i`
 of the run's history. Saving a snapshot writes a line only for the positions whose message differs
 from the latest stored version (usually the few new messages of the step, plus the previous newest
 message, which pydantic-ai completes after it is first seen). A snapshot then refers to its history
 in constant space (see `HistoryRef`).
 
-This module is the one place where media externalization plugs in: `message_line` will move large
-payloads to the media store (leaving markers) and `message_tree` will restore them. Until then
-every message is stored inline.
+`digest` is the SHA-256 of the message's own JSON. `message` is that JSON, or, when
+`externalized` is true, the JSON with its large payloads replaced by media markers (the payloads
+are in the store's media store; see `step_persistence.stores._media`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from step_persistence._history import EncodedMessage
+from step_persistence.stores._media import PackedMessage
 from step_persistence.stores.file._codec import json_object, natural_number
 
-__all__ = ['MessageEntry', 'load_message_entry', 'message_line', 'message_tree']
+__all__ = ['MessageEntry', 'load_message_entry', 'message_line', 'stored_message']
 
 
 @dataclass(frozen=True)
@@ -32,12 +32,14 @@ class MessageEntry:
     digest: str
 
 
-def message_line(number: int, position: int, message: EncodedMessage) -> bytes:
-    """The `messages.jsonl` line storing `message` as number `number`, at history position `position`."""
-    return b'{"no":%d,"pos":%d,"digest":"%s","message":%s}' % (
+def message_line(number: int, position: int, digest: str, message: PackedMessage) -> bytes:
+    """The `messages.jsonl` line storing `message` (whose digest is `digest`) as number `number`, at
+    history position `position`."""
+    return b'{"no":%d,"pos":%d,"digest":"%s","externalized":%s,"message":%s}' % (
         number,
         position,
-        message.digest.encode('ascii'),
+        digest.encode('ascii'),
+        b'true' if message.externalized else b'false',
         message.data,
     )
 
@@ -53,9 +55,12 @@ def load_message_entry(line: bytes) -> MessageEntry:
     return MessageEntry(number=number, position=position, digest=digest)
 
 
-def message_tree(number: int, line: bytes) -> Any:
-    """The JSON tree of message `number` from its `messages.jsonl` line."""
+def stored_message(number: int, line: bytes) -> tuple[Any, bool]:
+    """The stored JSON tree of message `number` from its `messages.jsonl` line, and its `externalized` flag."""
     value = json_object(line, 'messages.jsonl line')
     if value.get('no') != number:
         raise ValueError(f'expected message number {number}, found {value.get("no")!r}')
-    return value['message']
+    externalized = value.get('externalized')
+    if not isinstance(externalized, bool):
+        raise ValueError(f'message {number} has no externalized flag')
+    return value['message'], externalized

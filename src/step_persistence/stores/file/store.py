@@ -13,15 +13,18 @@ from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
+import anyio.from_thread
 import anyio.to_thread
 
-from step_persistence._history import decode_messages
+from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence._reading import read_or_skip
+from step_persistence.media.disk import DiskMediaStore
+from step_persistence.media.protocol import MediaStore
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, merge_tool_effect
 from step_persistence.retention import validate_max_snapshots
-from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
+from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
 from step_persistence.stores.file._codec import (
     SnapshotEntry,
     dump_run_file,
@@ -41,7 +44,7 @@ from step_persistence.stores.file._layout import (
     run_paths,
 )
 from step_persistence.stores.file._locking import RunNotRegistered, locked_run, new_incarnation
-from step_persistence.stores.file._messages import message_tree
+from step_persistence.stores.file._messages import stored_message
 from step_persistence.stores.file._ordering import RunTurns
 
 __all__ = ['FileStepStore']
@@ -50,6 +53,11 @@ T = TypeVar('T')
 
 INDEX_CACHE_CAPACITY = 256
 """How many runs' indexes a store keeps in memory; a run evicted from the cache is re-indexed on next use."""
+
+WORKER_THREADS = 40
+"""How many worker threads one store uses at once. They are counted apart from anyio's default pool:
+a save or read waiting in a worker thread for the media store (which may itself need a thread of
+the default pool) can then never hold every thread that media store is waiting for."""
 
 
 class _RegistrationClock:
@@ -83,8 +91,11 @@ class FileStepStore:
     loss cannot lose an acknowledged write; `fsync=False` keeps writes safe against a crash of
     the process only, and is faster.
 
-    `media_store` and `media_threshold_bytes` are validated and kept for media support; until it
-    arrives every message is stored inline (see `step_persistence.stores.file._messages`).
+    `media_store='auto'` (the default) moves every binary payload, and every string of at least
+    `media_threshold_bytes` UTF-8 bytes, to a `DiskMediaStore` in `media_directory`, once, when
+    the message is first written; `messages.jsonl` keeps a marker. Pass another `MediaStore` to
+    put them elsewhere, or `None` to keep everything inline. Reads put the original bytes and
+    text back. Deleting a run or pruning snapshots never deletes media.
     """
 
     def __init__(
@@ -97,10 +108,12 @@ class FileStepStore:
         fsync: bool = True,
     ) -> None:
         self.directory = Path(directory)
-        MessageMedia.resolve(media_store, media_threshold_bytes, default=None)  # validation only, for now
-        self.media_store = media_store
-        """`'auto'` (a disk media store under `media_directory`), a media store, or `None` (inline)."""
-        self.media_threshold_bytes = media_threshold_bytes
+        self._media = MessageMedia.resolve(
+            media_store, media_threshold_bytes, default=lambda: DiskMediaStore(self.media_directory)
+        )
+        self.media_store: MediaStore | None = self._media.store
+        """Where large message payloads go; `None` when they stay inline."""
+        self.media_threshold_bytes = self._media.threshold_bytes
         self.max_snapshots_per_run = validate_max_snapshots(max_snapshots_per_run)
         if not isinstance(fsync, bool):
             raise ValueError(f'fsync must be True or False, got {fsync!r}')
@@ -108,6 +121,7 @@ class FileStepStore:
         self._io = FileIo(fsync=fsync)
         self._indexes = IndexCache(INDEX_CACHE_CAPACITY)
         self._turns = RunTurns()
+        self._threads = anyio.CapacityLimiter(WORKER_THREADS)
 
     @property
     def media_directory(self) -> Path:
@@ -125,7 +139,21 @@ class FileStepStore:
     async def _in_turn(self, run_id: str, function: Callable[[], T]) -> T:
         """Run `function` in a worker thread after every earlier call on `run_id` is done."""
         async with self._turns.turn(run_id):
-            return await anyio.to_thread.run_sync(function)
+            return await anyio.to_thread.run_sync(function, limiter=self._threads)
+
+    def _pack(self, message: EncodedMessage) -> PackedMessage:
+        """From a worker thread: a new message as it is written, its payloads stored in the media store.
+
+        The media store is async, so the walker runs on the event loop while the thread waits.
+        """
+        return anyio.from_thread.run(self._media.pack_message, message)
+
+    def _unpack(self, number: int, line: bytes) -> Any:
+        """From a worker thread: the JSON tree of message `number` from its line, payloads put back."""
+        tree, externalized = stored_message(number, line)
+        if not externalized:
+            return tree
+        return anyio.from_thread.run(partial(self._media.unpack, tree, externalized=True))
 
     @contextmanager
     def _session(self, run_id: str, *, exclusive: bool) -> Iterator[RunIndex]:
@@ -189,7 +217,7 @@ class FileStepStore:
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
         """Matching runs, oldest first; a run whose `run.json` is unreadable is skipped and logged."""
-        loaded = await anyio.to_thread.run_sync(self._read_all_runs)
+        loaded = await anyio.to_thread.run_sync(self._read_all_runs, limiter=self._threads)
         matching = [
             (record, registered_ns)
             for record, registered_ns in loaded
@@ -274,7 +302,7 @@ class FileStepStore:
             if key is not None and key in journal.keys:
                 return
             index.messages.catch_up(self._io)
-            history = index.messages.store(self._io, encoded)
+            history = index.messages.store(self._io, encoded, self._pack)
             seq = journal.next_seq
             self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, history))
             entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key)
@@ -323,7 +351,7 @@ class FileStepStore:
             raise ValueError(f'the file of snapshot {seq} holds snapshot {header.seq}')
         versions = index.messages.resolve(history)
         lines = self._io.read_spans(index.paths.messages, [version.span for version in versions])
-        trees = [message_tree(version.number, line) for version, line in zip(versions, lines, strict=True)]
+        trees = [self._unpack(version.number, line) for version, line in zip(versions, lines, strict=True)]
         return header.model_copy(update={'messages': decode_messages(trees)})
 
     # --- tool effects ---
