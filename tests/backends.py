@@ -7,18 +7,23 @@ makes fresh stores there; durable backends also say how another process opens th
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from servers.mongo import Driver, MongoServer
 from servers.postgres import PostgresServer
 from step_persistence import FileStepStore, InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepStore
+from step_persistence.stores.file._layout import MEDIA_DIRECTORY_NAME
 from step_persistence.stores.mongo import MongoStepStore
+from step_persistence.stores.sql.schema import media
 
 StoreMaker = Callable[..., Any]
 """`await make(**options)` returns a new store over the test's location."""
@@ -31,6 +36,9 @@ class BackendSession:
     make: StoreMaker
     spec: Callable[..., dict[str, Any]] | None = None
     """`from_spec(**spec(**options))` opens the same data in another process; `None` if process-local."""
+    count_media_blobs: Callable[[], Awaitable[int]] | None = None
+    """`await count_media_blobs()`: how many blobs the default media stores of the session's stores hold,
+    counted in the storage itself (files, rows, documents); `None` for a backend that keeps payloads inline."""
 
 
 def spec_of(session: BackendSession, **options: Any) -> dict[str, Any]:
@@ -51,7 +59,9 @@ class Backend:
 
 @asynccontextmanager
 async def closing(
-    build: Callable[..., StepStore], spec: Callable[..., dict[str, Any]] | None = None
+    build: Callable[..., StepStore],
+    spec: Callable[..., dict[str, Any]] | None = None,
+    count_media_blobs: Callable[[], Awaitable[int]] | None = None,
 ) -> AsyncIterator[BackendSession]:
     """A session whose stores are built by `build(**options)` and closed when the test ends."""
     stores: list[StepStore] = []
@@ -62,7 +72,7 @@ async def closing(
         return store
 
     try:
-        yield BackendSession(make=make, spec=spec)
+        yield BackendSession(make=make, spec=spec, count_media_blobs=count_media_blobs)
     finally:
         for store in stores:
             await store.aclose()
@@ -76,19 +86,50 @@ def _file(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[Backend
     """Each store in a fresh directory; the spec names one more, shared by every process of the test."""
     root: Path = request.getfixturevalue('tmp_path')
     directories = (root / f'file-store-{number}' for number in itertools.count())
+
+    def count_blob_files() -> int:
+        files = (path for path in root.glob(f'*/{MEDIA_DIRECTORY_NAME}/**/*') if path.is_file())
+        return sum(not path.name.endswith('.meta.json') for path in files)
+
+    async def count_media_blobs() -> int:
+        return await anyio.to_thread.run_sync(count_blob_files)
+
     return closing(
         lambda **options: FileStepStore(next(directories), **options),
         spec=lambda **options: {'backend': 'file', 'directory': str(root / 'shared-file-store'), **options},
+        count_media_blobs=count_media_blobs,
     )
+
+
+async def _count_media_rows(urls: list[str]) -> int:
+    """Rows of the `media` table, summed over the databases at `urls`."""
+    total = 0
+    for url in urls:
+        engine = create_async_engine(url)
+        try:
+            async with engine.connect() as connection:
+                total += (await connection.execute(select(func.count()).select_from(media))).scalar_one()
+        finally:
+            await engine.dispose()
+    return total
 
 
 def _sqlite(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[BackendSession]:
     """Each store on a fresh SQLite file; the spec names one more, shared by every process of the test."""
     root: Path = request.getfixturevalue('tmp_path')
-    files = (root / f'sqlite-{number}.db' for number in itertools.count())
+    files: list[Path] = []
+
+    def build(**options: Any) -> StepStore:
+        files.append(root / f'sqlite-{len(files)}.db')
+        return SqliteStepStore(files[-1], **options)
+
+    async def count_media_blobs() -> int:
+        return await _count_media_rows([f'sqlite+aiosqlite:///{path}' for path in files])
+
     return closing(
-        lambda **options: SqliteStepStore(next(files), **options),
+        build,
         spec=lambda **options: {'backend': 'sqlite', 'database': str(root / 'shared.db'), **options},
+        count_media_blobs=count_media_blobs,
     )
 
 
@@ -127,8 +168,15 @@ async def _postgres(request: pytest.FixtureRequest) -> AsyncIterator[BackendSess
         stores.append(store)
         return store
 
+    async def count_media_blobs() -> int:
+        return await _count_media_rows([server.url(database) for database in databases])
+
     try:
-        yield BackendSession(make=make, spec=lambda **options: {'backend': shared, **options})
+        yield BackendSession(
+            make=make,
+            spec=lambda **options: {'backend': shared, **options},
+            count_media_blobs=count_media_blobs,
+        )
     finally:
         for store in stores:
             await store.aclose()
