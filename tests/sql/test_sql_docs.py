@@ -10,7 +10,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from sql.databases import EmptyDatabase
-from step_persistence import RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
+from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
+from step_persistence.testing.conformance import sample_history
 
 pytestmark = pytest.mark.anyio
 PAGE = Path(__file__).resolve().parents[2] / 'docs' / 'sql.md'
@@ -32,6 +33,9 @@ async def test_reporting_queries_run_and_find_rows(empty_database: EmptyDatabase
         await store.record_tool_effect(
             ToolEffectRecord(run_id='child-1', tool_call_id='t1', tool_name='send_mail', status='started')
         )
+        for step in (1, 2):
+            history = sample_history(step)
+            await store.save_snapshot(ContinuableSnapshot(run_id='child-1', step_index=step, messages=history))
     engine = create_async_engine(empty_database.url)
     try:
         async with engine.connect() as connection:

@@ -7,10 +7,10 @@
     run.lock                lock file (fcntl.flock); holds the run's incarnation token
     events.jsonl            one StepEvent per line, append order
     tool_effects.jsonl      one merged ToolEffectRecord per line; the last line of a call wins
-    messages.jsonl          every distinct message of the run, once, numbered
+    messages.jsonl          every version of every history position, once, numbered
     snapshots.jsonl         journal of saved snapshots (seq, state, key): the commit point
-    snapshots/<seq>.json    one snapshot header plus ranges of message numbers
-  @media/                   reserved for media blobs
+    snapshots/<seq>.json    one snapshot header plus a constant-size reference to its messages
+  @media/                   media blobs of the default DiskMediaStore
   @tmp/                     staging of registrations and deleted runs
 ```
 
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 MEDIA_DIRECTORY_NAME = '@media'
-"""Directory under the store's root reserved for media blobs."""
+"""Directory under the store's root where the default media store keeps its blobs."""
 WORK_DIRECTORY_NAME = '@tmp'
 """Directory under the store's root where registrations are staged and deleted runs are removed."""
 RESERVED_NAMES = frozenset({MEDIA_DIRECTORY_NAME, WORK_DIRECTORY_NAME})
