@@ -190,9 +190,14 @@ async def _mongo(request: pytest.FixtureRequest, driver: Driver) -> AsyncIterato
     server: MongoServer = request.getfixturevalue('mongo_server')
     async with server.scratch(driver) as scratch:
         shared = scratch.fresh_database()
+
+        async def count_media_blobs() -> int:
+            return sum([await scratch.client[name]['media'].count_documents({}) for name in scratch.databases])
+
         async with closing(
             lambda **options: MongoStepStore(client=scratch.client, database=scratch.fresh_database(), **options),
             spec=lambda **options: {'backend': 'mongo', 'db_url': server.uri, 'database': shared, **options},
+            count_media_blobs=count_media_blobs,
         ) as session:
             yield session
 

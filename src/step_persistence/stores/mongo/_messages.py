@@ -1,14 +1,14 @@
 """The `messages` collection: each distinct message of a run stored once, under a per-run number.
 
 A message document is `{run_id, no, digest, body, externalized}`: `digest` is the SHA-256 of the
-message's JSON (unique per run), `body` the JSON text as persisted (after large parts moved to
-the media store, when `externalized`). Snapshots refer to messages by number, so saving a
-snapshot of a history that grew by two messages writes two message documents.
+message's JSON (unique per run), `body` the JSON text as persisted: the message's own JSON, or,
+when `externalized`, that JSON with its large parts moved to the media store. Snapshots refer to
+messages by number, so saving a snapshot of a history that grew by two messages writes two
+message documents.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -79,12 +79,10 @@ class MessageStore:
         """Move large parts of new messages to the media store; `ValueError` if one would still exceed 16 MiB."""
         prepared: list[PreparedMessage] = []
         for message in fresh:
-            if self._media.store is None:
-                body, externalized = message.data.decode('utf-8'), False
-            else:
-                tree, externalized = await self._media.pack(message.tree())
-                body = json.dumps(tree, ensure_ascii=False, separators=(',', ':'))
-            item = PreparedMessage(digest=message.digest, body=body, externalized=externalized)
+            packed = await self._media.pack_message(message)
+            item = PreparedMessage(
+                digest=message.digest, body=packed.data.decode('utf-8'), externalized=packed.externalized
+            )
             check_document_size(
                 self._document(run_id, item, _WIDEST_NUMBER),
                 what=f'message {message.digest[:12]}',
@@ -146,7 +144,7 @@ class MessageStore:
         body, externalized = document.get('body'), document.get('externalized')
         if not isinstance(body, str) or not isinstance(externalized, bool):
             raise ValueError(f'message {document.get("no")!r} has a malformed body or externalized flag')
-        return await self._media.unpack(json.loads(body), externalized=externalized)
+        return await self._media.unpack_message(body, externalized=externalized)
 
     async def delete_run(self, run_id: str) -> None:
         await self._collection.delete_many({'run_id': run_id})
