@@ -52,8 +52,9 @@ class ToolStats:
     failures: int
     unresolved: int
     total_seconds: float
-    """Sum of `ended_at - started_at` over settled calls."""
+    """Sum of `ended_at - started_at` over settled calls (summed exactly, in microseconds)."""
     mean_seconds: float | None
+    """`total_seconds` divided by the number of settled calls; `None` if there is none."""
     max_seconds: float | None
 
 
@@ -122,19 +123,20 @@ async def tool_stats(store: StepStore, runs: Iterable[RunRecord] | None = None) 
     for name in sorted(by_tool):
         effects = by_tool[name]
         durations = [
-            (effect.ended_at - effect.started_at).total_seconds()
+            effect.ended_at - effect.started_at
             for effect in effects
             if effect.ended_at is not None and effect.status != 'started'
         ]
+        total_seconds = sum(durations, timedelta()).total_seconds()
         stats.append(
             ToolStats(
                 tool_name=name,
                 calls=len(effects),
                 failures=sum(effect.status == 'failed' for effect in effects),
                 unresolved=sum(effect.status == 'started' for effect in effects),
-                total_seconds=sum(durations),
-                mean_seconds=sum(durations) / len(durations) if durations else None,
-                max_seconds=max(durations, default=None),
+                total_seconds=total_seconds,
+                mean_seconds=total_seconds / len(durations) if durations else None,
+                max_seconds=max(durations).total_seconds() if durations else None,
             )
         )
     return stats

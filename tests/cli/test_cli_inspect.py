@@ -13,10 +13,10 @@ from urllib.parse import urlsplit
 import pytest
 
 from backends import BACKENDS, BackendSession, spec_of
+from cli.console_script import cli
 
 pytestmark = pytest.mark.anyio
 CHILD = Path(__file__).resolve().parents[1] / 'capability' / 'child.py'
-SCRIPT = Path(sys.executable).with_name('step-persistence')
 
 
 def store_url(spec: dict[str, Any]) -> str:
@@ -36,12 +36,6 @@ async def cli_session(request: pytest.FixtureRequest) -> AsyncIterator[BackendSe
     """A durable store per backend kind the command line opens by URL (motor shares mongo's URL)."""
     async with BACKENDS[request.param].open(request) as session:
         yield session
-
-
-def cli(*args: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    completed = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
-    assert completed.returncode == expect, (completed.returncode, completed.stdout, completed.stderr)
-    return completed
 
 
 def populate(spec: dict[str, Any]) -> None:

@@ -34,6 +34,15 @@ class EmptyDatabase:
             await engine.dispose()
         return set(names)
 
+    async def view_names(self, schema: str | None = None) -> set[str]:
+        engine = create_async_engine(self.url)
+        try:
+            async with engine.connect() as connection:
+                names = await connection.run_sync(lambda sync: inspect(sync).get_view_names(schema=schema))
+        finally:
+            await engine.dispose()
+        return set(names)
+
 
 async def fresh_postgres_database(request: pytest.FixtureRequest) -> AsyncIterator[EmptyDatabase]:
     server: PostgresServer = request.getfixturevalue('postgres_server')

@@ -27,6 +27,7 @@ from step_persistence.testing.conformance import sample_history
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
+REPORTING_VIEWS = {'run_summary', 'tool_call_stats'}
 
 
 def alembic(*args: str, env: dict[str, str] | None = None, succeed: bool = True) -> subprocess.CompletedProcess[str]:
@@ -64,10 +65,12 @@ async def scalar(url: str, statement: Any) -> Any:
 async def test_alembic_upgrade_head_and_downgrade_base(empty_database: EmptyDatabase) -> None:
     alembic('-x', f'url={plain(empty_database.url)}', 'upgrade', 'head')
     assert await empty_database.table_names() == TABLE_NAMES | {VERSION_TABLE}
-    assert await scalar(empty_database.url, text(f'SELECT version_num FROM {VERSION_TABLE}')) == '0002'
+    assert await empty_database.view_names() == REPORTING_VIEWS
+    assert await scalar(empty_database.url, text(f'SELECT version_num FROM {VERSION_TABLE}')) == '0003'
 
     alembic('downgrade', 'base', env={'STEP_PERSISTENCE_DATABASE_URL': plain(empty_database.url)})
     assert await empty_database.table_names() == {VERSION_TABLE}
+    assert await empty_database.view_names() == set()
 
 
 async def test_alembic_upgrade_into_a_postgres_schema(postgres_database: EmptyDatabase) -> None:

@@ -1,0 +1,148 @@
+"""The reporting views against the Python figures, the queries of docs/reporting.md, and `report`.
+
+One database per dialect for the whole module, written by real agents (`reporting_runs.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import select, text
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from cli.console_script import cli
+from servers.postgres import PostgresServer
+from sql.reporting_runs import ORCHESTRATOR_RUN, populate
+from step_persistence import SqlStepStore, from_spec
+from step_persistence.cli._common import print_json
+from step_persistence.reporting import summarize_runs, tool_stats
+from step_persistence.stores.sql.reporting import read_report, run_summary
+
+pytestmark = pytest.mark.anyio
+PAGE = Path(__file__).resolve().parents[2] / 'docs' / 'reporting.md'
+SQL_BLOCK = re.compile(r'^```sql\n(.*?)^```', re.MULTILINE | re.DOTALL)
+ONLY_ON = re.compile(r'^-- (postgresql|sqlite):')
+
+
+@dataclass(frozen=True)
+class ReportedDatabase:
+    dialect: str
+    url: str
+    """The async SQLAlchemy URL."""
+    store_url: str
+    """The `--store` URL of the command line."""
+    spec: dict[str, Any]
+
+
+@pytest.fixture(scope='module')
+def anyio_backend() -> str:
+    return 'asyncio'
+
+
+@pytest.fixture(scope='module', params=['sqlite', 'postgresql'])
+async def reported(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> AsyncIterator[ReportedDatabase]:
+    """A database per dialect holding every kind of run, shared by the module's tests."""
+    if request.param == 'sqlite':
+        path = tmp_path_factory.mktemp('reporting') / 'runs.db'
+        database = ReportedDatabase(
+            'sqlite', f'sqlite+aiosqlite:///{path}', f'sqlite:///{path}', {'backend': 'sqlite', 'database': str(path)}
+        )
+        await populate(database.spec)
+        yield database
+        return
+    server: PostgresServer = request.getfixturevalue('postgres_server')
+    name = await server.create_database()
+    url = server.url(name)
+    try:
+        database = ReportedDatabase('postgresql', url, url, {'backend': url})
+        await populate(database.spec)
+        yield database
+    finally:
+        await server.drop_database(name)
+
+
+async def test_the_views_give_the_python_figures(reported: ReportedDatabase) -> None:
+    async with from_spec(**reported.spec) as store:
+        assert isinstance(store, SqlStepStore)
+        expected = (await summarize_runs(store), await tool_stats(store))
+        summaries, stats = await read_report(store)
+    assert (summaries, stats) == expected
+
+    by_run = {summary.run_id: summary for summary in summaries}
+    assert Counter(summary.status for summary in summaries) == {'completed': 3, 'failed': 1, 'crashed': 2, 'running': 2}
+    assert by_run['stale-run'].status == 'crashed' and by_run['stale-run'].unresolved_effects == 0
+    [worker] = [s for s in summaries if s.status == 'crashed' and s.unresolved_effects]
+    assert (worker.agent_name, worker.ended_at, worker.duration_seconds) == ('worker', None, None)
+    [mailer] = [s for s in summaries if s.agent_name == 'mailer']
+    assert (mailer.status, mailer.tool_failures, mailer.snapshots, mailer.latest_snapshot_state) == (
+        'failed',
+        2,
+        3,
+        'interrupted',
+    )
+    assert by_run['idle-run'].model_requests == 0 and by_run['idle-run'].latest_snapshot_state is None
+    tools = {row.tool_name: row for row in stats}
+    assert (tools['lookup'].calls, tools['lookup'].failures) == (2, 1)
+    assert (tools['charge_card'].unresolved, tools['send_mail'].failures, tools['search'].calls) == (1, 1, 2)
+    settled = [row for row in stats if row.calls > row.unresolved]
+    assert settled and all(row.max_seconds is not None and row.max_seconds > 0 for row in settled)
+    assert tools['charge_card'].mean_seconds is None and tools['charge_card'].total_seconds == 0.0
+
+
+async def test_the_views_answer_queries_of_their_own(reported: ReportedDatabase) -> None:
+    engine = create_async_engine(reported.url)
+    try:
+        async with engine.connect() as connection:
+            failed = select(run_summary.c.agent_name, run_summary.c.ended_at).where(run_summary.c.status == 'failed')
+            [(agent, ended_at)] = (await connection.execute(failed)).all()
+    finally:
+        await engine.dispose()
+    assert agent == 'mailer' and ended_at.tzinfo is not None
+
+
+def doc_queries() -> list[str]:
+    found = SQL_BLOCK.findall(PAGE.read_text())
+    assert len(found) >= 6
+    return found
+
+
+async def test_every_query_of_the_docs_page_runs_and_finds_rows(reported: ReportedDatabase) -> None:
+    engine = create_async_engine(reported.url)
+    ran = 0
+    try:
+        async with engine.connect() as connection:
+            for query in doc_queries():
+                only_on = ONLY_ON.match(query)
+                if only_on and only_on.group(1) != reported.dialect:
+                    continue
+                rows = (await connection.execute(text(query))).all()
+                assert rows, f'no rows from:\n{query}'
+                if 'WITH RECURSIVE' in query:
+                    assert [(row.depth, row.agent_name) for row in rows] == [
+                        (0, 'orchestrator'),
+                        (1, 'researcher'),
+                        (2, 'librarian'),
+                    ]
+                    assert rows[0].run_id == ORCHESTRATOR_RUN
+                ran += 1
+    finally:
+        await engine.dispose()
+    assert ran == len(doc_queries()) - 1
+
+
+async def test_report_prints_the_view_figures_as_the_python_ones(
+    reported: ReportedDatabase, capsys: pytest.CaptureFixture[str]
+) -> None:
+    async with from_spec(**reported.spec) as store:
+        print_json({'runs': await summarize_runs(store), 'tools': await tool_stats(store)})
+    expected = json.loads(capsys.readouterr().out)
+    assert json.loads(cli('report', '--store', reported.store_url, '--json').stdout) == expected
