@@ -6,18 +6,22 @@ from typing import Annotated
 
 import typer
 
-from step_persistence.cli import runs
+from step_persistence.cli import db, runs
 from step_persistence.cli._common import DEFAULT_STORE
 from step_persistence.cli.report import report
 
 __all__ = ['app', 'main']
 
 app = typer.Typer(
-    help='Inspect and manage step-persistence stores. Exit codes: 0 ok, 2 usage, 3 not found, 4 unreachable store.',
+    help=(
+        'Inspect and manage step-persistence stores. '
+        'Exit codes: 0 ok, 1 migration refused, 2 usage, 3 not found, 4 unreachable store.'
+    ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
 app.add_typer(runs.app, name='runs')
+app.add_typer(db.app, name='db')
 app.command()(report)
 
 

@@ -1,0 +1,159 @@
+"""`step-persistence db ...`: upgrade, downgrade, inspect and stamp the schema of a SQL store.
+
+Alembic driven from code with the migrations inside the installed package, for deployments that
+have no `alembic.ini` or repository checkout. Every command prints the revision the database is
+at afterwards.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from step_persistence.cli._common import (
+    DEFAULT_STORE,
+    EXIT_USAGE,
+    JsonOption,
+    StoreOption,
+    console,
+    fail,
+    print_json,
+    run,
+)
+from step_persistence.spec import redact_url
+
+if TYPE_CHECKING:
+    from step_persistence.stores.sql.database import Database
+
+app = typer.Typer(
+    help='Manage the schema of a SQL store (sqlite://, postgresql://) with the migrations shipped in the package.',
+    no_args_is_help=True,
+)
+
+SchemaOption = Annotated[
+    str | None, typer.Option('--schema', help='PostgreSQL schema holding the tables and views (created if missing).')
+]
+
+_SQL_SCHEMES = ('sqlite', 'postgresql')
+
+EXIT_MIGRATION_FAILED = 1
+"""The database refused a migration's statement; the migration's transaction was rolled back."""
+
+Action = Callable[['Database'], Awaitable[None]]
+
+
+def _database(url: str, schema: str | None) -> Database:
+    """The database at `url`, or a usage error for a URL that names no SQL store."""
+    from step_persistence.stores.sql.database import Database
+
+    scheme = url.partition('://')[0].partition('+')[0].lower()
+    if scheme not in _SQL_SCHEMES:
+        fail(
+            f'db commands manage the schema of SQL stores (sqlite:///runs.db, postgresql://...); '
+            f'{redact_url(url)!r} is not one',
+            EXIT_USAGE,
+        )
+    if schema is not None and scheme != 'postgresql':
+        fail('--schema applies to PostgreSQL stores only', EXIT_USAGE)
+    try:
+        return Database.from_url(url, schema=schema)
+    except (ValueError, ImportError) as error:
+        fail(f'cannot open store {redact_url(url)!r}: {error}', EXIT_USAGE)
+
+
+async def _attempt(action: Action, database: Database) -> tuple[str, int] | None:
+    """Run a migration; its failure as a message and exit code (raised inside `run()`, an exit would
+    be mistaken for an unreachable database by the driver error it carries).
+
+    An unknown revision raises `LookupError` (not found, 3); a revision Alembic refuses is a usage
+    error (2); a statement the database refuses fails the command (1).
+    """
+    from alembic.script.revision import ResolutionError
+    from alembic.util import CommandError
+    from sqlalchemy.exc import DBAPIError
+
+    try:
+        await action(database)
+    except CommandError as error:
+        if isinstance(error.__cause__, ResolutionError):
+            raise LookupError(f'unknown revision ({error})') from error
+        return str(error), EXIT_USAGE
+    except DBAPIError as error:
+        return f'the migration failed and was rolled back: {error.orig}', EXIT_MIGRATION_FAILED
+    return None
+
+
+def _apply(url: str, schema: str | None, json_output: bool, action: Action | None) -> None:
+    """Run `action` on the database (if any), then print the revision it is at."""
+    from step_persistence.stores.sql import migrate
+
+    database = _database(url, schema)
+
+    async def main() -> tuple[str | None, tuple[str, int] | None]:
+        try:
+            # Reading the revision first tells an unreachable database from a failing migration.
+            revision = await migrate.current(database)
+            failure = None if action is None else await _attempt(action, database)
+            if action is not None and failure is None:
+                revision = await migrate.current(database)
+            return revision, failure
+        finally:
+            await database.aclose()
+
+    revision, failure = run(main)
+    if failure is not None:
+        fail(*failure)
+    head = migrate.head_revision()
+    if json_output:
+        print_json({'revision': revision, 'head': head})
+    elif revision is None:
+        console.print(f'no revision (empty database); the newest is {head}')
+    else:
+        console.print(f'at revision {revision}' + (' (head)' if revision == head else f'; the newest is {head}'))
+
+
+@app.command()
+def upgrade(
+    revision: Annotated[str, typer.Argument(help='Target revision; the newest by default.')] = 'head',
+    store: StoreOption = DEFAULT_STORE,
+    schema: SchemaOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Create or upgrade the schema (tables and reporting views) to REVISION."""
+    from step_persistence.stores.sql import migrate
+
+    _apply(store, schema, json_output, lambda database: migrate.upgrade(database, revision))
+
+
+@app.command()
+def downgrade(
+    revision: Annotated[str, typer.Argument(help="Target revision; 'base' removes every table and view.")],
+    store: StoreOption = DEFAULT_STORE,
+    schema: SchemaOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Downgrade the schema to REVISION (data in removed tables and columns is lost)."""
+    from step_persistence.stores.sql import migrate
+
+    _apply(store, schema, json_output, lambda database: migrate.downgrade(database, revision))
+
+
+@app.command()
+def current(store: StoreOption = DEFAULT_STORE, schema: SchemaOption = None, json_output: JsonOption = False) -> None:
+    """Print the revision the database is at, and the newest one."""
+    _apply(store, schema, json_output, None)
+
+
+@app.command()
+def stamp(
+    revision: Annotated[str, typer.Argument(help="Revision to record; 'base' clears the record.")],
+    store: StoreOption = DEFAULT_STORE,
+    schema: SchemaOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """Record REVISION as applied without running any migration (for a schema made by other means)."""
+    from step_persistence.stores.sql import migrate
+
+    _apply(store, schema, json_output, lambda database: migrate.stamp(database, revision))
