@@ -5,9 +5,9 @@ from __future__ import annotations
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, StepWrites, ToolEffectRecord
 
-__all__ = ['StepStore']
+__all__ = ['BatchingStepStore', 'StepStore', 'write_steps']
 
 
 @runtime_checkable
@@ -85,3 +85,25 @@ class StepStore(Protocol):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None: ...
+
+
+@runtime_checkable
+class BatchingStepStore(StepStore, Protocol):
+    """A store that applies several writes at once (one transaction, one round trip where it can)."""
+
+    async def write_batch(self, writes: StepWrites) -> None:
+        """Apply `writes` with exactly the effect of the individual calls in their order."""
+        ...
+
+
+async def write_steps(store: StepStore, writes: StepWrites) -> None:
+    """Apply `writes` to any store: in one batch if it batches, else call by call in order."""
+    if isinstance(store, BatchingStepStore):
+        await store.write_batch(writes)
+        return
+    for effect in writes.tool_effects:
+        await store.record_tool_effect(effect)
+    for event in writes.events:
+        await store.append_event(event)
+    if writes.snapshot is not None:
+        await store.save_snapshot(writes.snapshot)

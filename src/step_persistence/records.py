@@ -177,6 +177,22 @@ class ToolEffectRecord(_Record):
     """What the tool did (or why it failed), for whoever decides whether to redo it."""
 
 
+class StepWrites(_Record):
+    """Writes for one run that a store applies together: tool effects, then events, then a snapshot.
+
+    Applying it must have exactly the effect of the individual calls in that order
+    (`record_tool_effect`, `append_event`, `save_snapshot`); a store that can, applies them in one
+    transaction, so a crash keeps all of them or none.
+    """
+
+    tool_effects: list[ToolEffectRecord] = Field(default_factory=list)
+    events: list[StepEvent] = Field(default_factory=list)
+    snapshot: ContinuableSnapshot | None = None
+
+    def is_empty(self) -> bool:
+        return not self.tool_effects and not self.events and self.snapshot is None
+
+
 def merge_tool_effect(stored: ToolEffectRecord | None, new: ToolEffectRecord) -> ToolEffectRecord:
     """The record an upsert of `new` over `stored` leaves: `new`, keeping stored annotations it leaves null."""
     if stored is None:

@@ -12,6 +12,7 @@ from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
     StepEvent,
+    StepWrites,
     ToolEffectRecord,
     merge_tool_effect,
 )
@@ -143,6 +144,14 @@ class InMemoryStepStore:
             return []
         unresolved = [record for record in data.effects.values() if record.status == 'started']
         return sorted(unresolved, key=lambda record: record.started_at)
+
+    async def write_batch(self, writes: StepWrites) -> None:
+        for effect in writes.tool_effects:
+            await self.record_tool_effect(effect)
+        for event in writes.events:
+            await self.append_event(event)
+        if writes.snapshot is not None:
+            await self.save_snapshot(writes.snapshot)
 
     async def delete_run(self, *, run_id: str) -> None:
         self._runs.pop(run_id, None)

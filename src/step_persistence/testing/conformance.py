@@ -20,12 +20,13 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from step_persistence.protocol import StepStore
+from step_persistence.protocol import StepStore, write_steps
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
     SnapshotState,
     StepEvent,
+    StepWrites,
     ToolEffectRecord,
 )
 
@@ -480,6 +481,54 @@ class StepStoreConformance:
         )
         unresolved = await store.list_unresolved_tool_effects(run_id='fx')
         assert len(unresolved) == 1 and unresolved[0].effect_summary in {f's{i}' for i in range(20)}
+
+    # --- batches ---
+
+    async def test_a_batch_has_the_effect_of_its_calls_in_order(self, store: StepStore) -> None:
+        await self._register(store, 'batch')
+        await store.record_tool_effect(_effect('batch', 'annotated', idempotency_key='k', effect_summary='s'))
+        await store.append_event(StepEvent(run_id='batch', kind='run_started', step_index=0, idempotency_key='seen'))
+        await write_steps(
+            store,
+            StepWrites(
+                tool_effects=[
+                    _effect('batch', 'annotated', 'completed'),
+                    _effect('batch', 'fresh'),
+                    _effect('batch', 'fresh', 'failed'),
+                ],
+                events=[
+                    StepEvent(run_id='batch', kind='run_failed', step_index=9, idempotency_key='seen'),
+                    StepEvent(run_id='batch', kind='tool_call_started', step_index=1, tool_call_id='fresh'),
+                    StepEvent(run_id='batch', kind='tool_call_failed', step_index=1, idempotency_key='new'),
+                ],
+                snapshot=_snapshot('batch', 1, key='snap'),
+            ),
+        )
+        await write_steps(store, StepWrites(snapshot=_snapshot('batch', 2, key='snap')))
+        annotated = await store.get_tool_effect(run_id='batch', tool_call_id='annotated')
+        assert annotated is not None
+        assert (annotated.status, annotated.idempotency_key, annotated.effect_summary) == ('completed', 'k', 's')
+        fresh = await store.get_tool_effect(run_id='batch', tool_call_id='fresh')
+        assert fresh is not None and fresh.status == 'failed'
+        assert [event.kind for event in await store.list_events(run_id='batch')] == [
+            'run_started',
+            'tool_call_started',
+            'tool_call_failed',
+        ]
+        assert [s.step_index for s in await store.list_snapshots(run_id='batch')] == [1]
+
+    async def test_a_batch_for_an_unregistered_run_writes_nothing(self, store: StepStore) -> None:
+        with pytest.raises(LookupError):
+            await write_steps(
+                store,
+                StepWrites(
+                    tool_effects=[_effect('ghost', 't')],
+                    events=[StepEvent(run_id='ghost', kind='run_started', step_index=0)],
+                    snapshot=_snapshot('ghost', 1),
+                ),
+            )
+        assert await store.get_run(run_id='ghost') is None
+        assert await store.list_events(run_id='ghost') == []
 
     # --- deletion ---
 
