@@ -105,5 +105,5 @@ async def write_steps(store: StepStore, writes: StepWrites) -> None:
         await store.record_tool_effect(effect)
     for event in writes.events:
         await store.append_event(event)
-    if writes.snapshot is not None:
-        await store.save_snapshot(writes.snapshot)
+    for snapshot in writes.snapshots:
+        await store.save_snapshot(snapshot)

@@ -178,7 +178,7 @@ class ToolEffectRecord(_Record):
 
 
 class StepWrites(_Record):
-    """Writes for one run that a store applies together: tool effects, then events, then a snapshot.
+    """Writes that a store applies together: tool effects, then events, then snapshots, each in list order.
 
     Applying it must have exactly the effect of the individual calls in that order
     (`record_tool_effect`, `append_event`, `save_snapshot`); a store that can, applies them in one
@@ -187,10 +187,10 @@ class StepWrites(_Record):
 
     tool_effects: list[ToolEffectRecord] = Field(default_factory=list)
     events: list[StepEvent] = Field(default_factory=list)
-    snapshot: ContinuableSnapshot | None = None
+    snapshots: list[ContinuableSnapshot] = Field(default_factory=list)
 
     def is_empty(self) -> bool:
-        return not self.tool_effects and not self.events and self.snapshot is None
+        return not (self.tool_effects or self.events or self.snapshots)
 
 
 def merge_tool_effect(stored: ToolEffectRecord | None, new: ToolEffectRecord) -> ToolEffectRecord:

@@ -150,8 +150,8 @@ class InMemoryStepStore:
             await self.record_tool_effect(effect)
         for event in writes.events:
             await self.append_event(event)
-        if writes.snapshot is not None:
-            await self.save_snapshot(writes.snapshot)
+        for snapshot in writes.snapshots:
+            await self.save_snapshot(snapshot)
 
     async def delete_run(self, *, run_id: str) -> None:
         self._runs.pop(run_id, None)

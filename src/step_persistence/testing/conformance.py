@@ -501,10 +501,10 @@ class StepStoreConformance:
                     StepEvent(run_id='batch', kind='tool_call_started', step_index=1, tool_call_id='fresh'),
                     StepEvent(run_id='batch', kind='tool_call_failed', step_index=1, idempotency_key='new'),
                 ],
-                snapshot=_snapshot('batch', 1, key='snap'),
+                snapshots=[_snapshot('batch', 1, key='snap'), _snapshot('batch', 3, state='interrupted')],
             ),
         )
-        await write_steps(store, StepWrites(snapshot=_snapshot('batch', 2, key='snap')))
+        await write_steps(store, StepWrites(snapshots=[_snapshot('batch', 2, key='snap')]))
         annotated = await store.get_tool_effect(run_id='batch', tool_call_id='annotated')
         assert annotated is not None
         assert (annotated.status, annotated.idempotency_key, annotated.effect_summary) == ('completed', 'k', 's')
@@ -515,7 +515,7 @@ class StepStoreConformance:
             'tool_call_started',
             'tool_call_failed',
         ]
-        assert [s.step_index for s in await store.list_snapshots(run_id='batch')] == [1]
+        assert [s.step_index for s in await store.list_snapshots(run_id='batch', include_interrupted=True)] == [1, 3]
 
     async def test_a_batch_for_an_unregistered_run_writes_nothing(self, store: StepStore) -> None:
         with pytest.raises(LookupError):
@@ -524,7 +524,7 @@ class StepStoreConformance:
                 StepWrites(
                     tool_effects=[_effect('ghost', 't')],
                     events=[StepEvent(run_id='ghost', kind='run_started', step_index=0)],
-                    snapshot=_snapshot('ghost', 1),
+                    snapshots=[_snapshot('ghost', 1)],
                 ),
             )
         assert await store.get_run(run_id='ghost') is None
