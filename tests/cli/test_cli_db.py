@@ -38,7 +38,6 @@ async def test_upgrade_current_downgrade_and_stamp_a_fresh_database(empty_databa
     assert f'at revision {HEAD} (head)' in upgraded
     assert await empty_database.table_names() == TABLE_NAMES | {VERSION_TABLE}
     assert await empty_database.view_names() == VIEWS
-    assert db('current', '--store', store) == {'revision': HEAD, 'head': HEAD}
 
     assert db('downgrade', '0002', '--store', store)['revision'] == '0002'
     assert await empty_database.view_names() == set()
@@ -85,5 +84,5 @@ def test_errors_have_exit_codes(tmp_path: Path) -> None:
 
 
 def test_help() -> None:
-    for command in (['db'], ['db', 'downgrade']):
-        assert 'Usage' in cli(*command, '--help').stdout
+    shown = cli('db', '--help').stdout
+    assert all(command in shown for command in ('upgrade', 'downgrade', 'current', 'stamp'))
