@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-import anyio
 from pydantic_ai import CallToolsNode, ModelRequestNode
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.capabilities.abstract import (
@@ -29,13 +28,14 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from step_persistence._active import ACTIVE_RUN, ActiveRun
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence.helpers import unanswered_tool_call_ids
-from step_persistence.protocol import StepStore
+from step_persistence.protocol import StepStore, write_steps
 from step_persistence.records import (
     ContinuableSnapshot,
     EventKind,
     RunRecord,
     SnapshotState,
     StepEvent,
+    StepWrites,
     ToolEffectRecord,
     utc_now,
 )
@@ -81,10 +81,18 @@ class _RunState:
     """Calls recorded `completed` in the current tool cycle, by `tool_call_id`."""
     failure_recorded: bool = False
     """Whether the failure snapshot of the current failure has been written."""
+    pending: StepWrites = field(default_factory=StepWrites)
+    """Writes queued since the last flush (see `StepPersistence._flush`)."""
+    flushing: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """Serializes this run's flushes, so its writes land in the order they were queued."""
 
     @property
     def run_id(self) -> str:
         return self.active.run_id
+
+    def take_pending(self) -> StepWrites:
+        writes, self.pending = self.pending, StepWrites()
+        return writes
 
     def key(self, *parts: object) -> str:
         """A deterministic idempotency key: the same writes of a replayed run get the same keys."""
@@ -92,6 +100,30 @@ class _RunState:
         count = self.key_counts.get(base, 0)
         self.key_counts[base] = count + 1
         return base if count == 0 else f'{base}:{count}'
+
+
+_T = TypeVar('_T')
+
+
+async def _uncancellable(awaitable: Awaitable[_T]) -> _T:
+    """Await `awaitable` to its end even if the caller is cancelled meanwhile, then honour the cancellation.
+
+    A store write abandoned by a cancelled caller may still complete later, on another connection
+    or thread, after a write the caller makes next: writes of one run must land in order.
+    """
+    task = asyncio.ensure_future(awaitable)
+    cancellation: asyncio.CancelledError | None = None
+    while True:
+        try:
+            result = await asyncio.shield(task)
+        except asyncio.CancelledError as error:
+            if task.done():
+                raise
+            cancellation = error
+            continue
+        if cancellation is not None:
+            raise cancellation
+        return result
 
 
 async def register_run_once(store: StepStore, record: RunRecord) -> None:
@@ -206,23 +238,41 @@ class StepPersistence(AbstractCapability[Any]):
     async def _persist_run(self, ctx: RunContext[Any], record: RunRecord) -> None:
         await register_run_once(self.store, record)
 
-    @durable_operation(name='append_event')
-    async def _persist_event(self, ctx: RunContext[Any], event: StepEvent) -> None:
-        await self.store.append_event(event)
+    @durable_operation(name='write_steps')
+    async def _persist_writes(self, ctx: RunContext[Any], writes: StepWrites) -> None:
+        await write_steps(self.store, writes)
 
-    @durable_operation(name='save_snapshot')
-    async def _persist_snapshot(self, ctx: RunContext[Any], snapshot: ContinuableSnapshot) -> None:
-        await self.store.save_snapshot(snapshot)
+    async def _flush(self, ctx: RunContext[Any]) -> None:
+        """Write everything queued for the run, in one batch, and announce its snapshots.
 
-    @durable_operation(name='record_tool_effect')
-    async def _persist_tool_effect(self, ctx: RunContext[Any], record: ToolEffectRecord) -> None:
-        await self.store.record_tool_effect(record)
+        Writes are queued as the run goes and flushed where durability matters: before a model
+        request is sent, before a tool body runs, when a tool call ends, and when the run ends.
+        The flush runs to its end even if the caller is cancelled meanwhile.
+        """
+        run = self._run
+
+        async def flush() -> StepWrites:
+            async with run.flushing:
+                writes = run.take_pending()
+                if not writes.is_empty():
+                    await self._persist_writes(ctx, writes)
+                return writes
+
+        written = await _uncancellable(flush())
+        for snapshot in written.snapshots:
+            await ctx.emit(
+                SnapshotSaved(
+                    run_id=snapshot.run_id,
+                    conversation_id=snapshot.conversation_id,
+                    step_index=snapshot.step_index,
+                    state=snapshot.state,
+                )
+            )
 
     # --- record builders ---
 
-    async def _event(
+    def _queue_event(
         self,
-        ctx: RunContext[Any],
         kind: EventKind,
         *,
         step_index: int,
@@ -231,24 +281,24 @@ class StepPersistence(AbstractCapability[Any]):
         error: BaseException | str | None = None,
     ) -> None:
         run = self._run
-        event = StepEvent(
-            run_id=run.run_id,
-            kind=kind,
-            step_index=step_index,
-            conversation_id=run.conversation_id,
-            parent_run_id=run.parent_run_id,
-            agent_name=run.agent_name,
-            tool_call_id=None if tool is None else tool.tool_call_id,
-            tool_name=None if tool is None else tool.tool_name,
-            error=error if error is None or isinstance(error, str) else repr(error),
-            metadata=dict(self.metadata),
-            idempotency_key=key,
+        run.pending.events.append(
+            StepEvent(
+                run_id=run.run_id,
+                kind=kind,
+                step_index=step_index,
+                conversation_id=run.conversation_id,
+                parent_run_id=run.parent_run_id,
+                agent_name=run.agent_name,
+                tool_call_id=None if tool is None else tool.tool_call_id,
+                tool_name=None if tool is None else tool.tool_name,
+                error=error if error is None or isinstance(error, str) else repr(error),
+                metadata=dict(self.metadata),
+                idempotency_key=key,
+            )
         )
-        await self._persist_event(ctx, event)
 
-    async def _snapshot(
+    def _queue_snapshot(
         self,
-        ctx: RunContext[Any],
         messages: Sequence[ModelMessage],
         *,
         step_index: int,
@@ -260,22 +310,20 @@ class StepPersistence(AbstractCapability[Any]):
         if skip_if_unchanged and history.messages == run.last_snapshot:
             return
         state: SnapshotState = 'interrupted' if history.unanswered else 'complete'
-        snapshot = ContinuableSnapshot.from_encoded(
-            run_id=run.run_id,
-            step_index=step_index,
-            messages=list(messages),
-            encoded=history.messages,
-            state=state,
-            conversation_id=run.conversation_id,
-            parent_run_id=run.parent_run_id,
-            agent_name=run.agent_name,
-            idempotency_key=run.key('snapshot', step_index, reason),
+        run.pending.snapshots.append(
+            ContinuableSnapshot.from_encoded(
+                run_id=run.run_id,
+                step_index=step_index,
+                messages=list(messages),
+                encoded=history.messages,
+                state=state,
+                conversation_id=run.conversation_id,
+                parent_run_id=run.parent_run_id,
+                agent_name=run.agent_name,
+                idempotency_key=run.key('snapshot', step_index, reason),
+            )
         )
-        await self._persist_snapshot(ctx, snapshot)
         run.last_snapshot = history.messages
-        await ctx.emit(
-            SnapshotSaved(run_id=run.run_id, conversation_id=run.conversation_id, step_index=step_index, state=state)
-        )
 
     # --- run lifecycle ---
 
@@ -285,10 +333,10 @@ class StepPersistence(AbstractCapability[Any]):
         try:
             return await handler()
         except BaseException as error:
-            with anyio.CancelScope(shield=True):
-                if not run.failure_recorded:
-                    await self._record_failure_snapshot(ctx)
-                await self._event(ctx, 'run_failed', step_index=run.step, key=run.key('run_failed'), error=error)
+            if not run.failure_recorded:
+                self._queue_failure()
+            self._queue_event('run_failed', step_index=run.step, key=run.key('run_failed'), error=error)
+            await self._flush(ctx)
             raise
         finally:
             ACTIVE_RUN.reset(token)
@@ -303,15 +351,16 @@ class StepPersistence(AbstractCapability[Any]):
             metadata=dict(self.metadata),
         )
         await self._persist_run(ctx, record)
-        await self._event(ctx, 'run_started', step_index=ctx.run_step, key=run.key('run_started'))
+        self._queue_event('run_started', step_index=ctx.run_step, key=run.key('run_started'))
 
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         run = self._run
-        await self._snapshot(ctx, result.all_messages(), step_index=run.step, reason='final', skip_if_unchanged=True)
-        await self._event(ctx, 'run_completed', step_index=run.step, key=run.key('run_completed'))
+        self._queue_snapshot(result.all_messages(), step_index=run.step, reason='final', skip_if_unchanged=True)
+        self._queue_event('run_completed', step_index=run.step, key=run.key('run_completed'))
+        await self._flush(ctx)
         return result
 
-    async def _record_failure_snapshot(self, ctx: RunContext[Any]) -> None:
+    def _queue_failure(self) -> None:
         """Close the ledger of every call the failure ended or whose result it lost, then snapshot the history.
 
         A cancelled run reaches its failure hooks before its tool calls are torn down, so calls
@@ -320,24 +369,24 @@ class StepPersistence(AbstractCapability[Any]):
         run = self._run
         run.failure_recorded = True
         for call_id in list(run.active.in_flight):
-            await self._settle_tool_call(ctx, call_id, step=run.step, error=asyncio.CancelledError())
+            self._queue_settle(call_id, step=run.step, error=asyncio.CancelledError())
         if run.live_messages is None:
             return
         messages = list(run.live_messages)
         unanswered = set(unanswered_tool_call_ids(messages))
         for tool_call_id, record in run.completed_calls.items():
             if tool_call_id in unanswered:
-                await self._settle_discarded(ctx, record, step_index=run.step)
+                self._queue_discarded(record, step_index=run.step)
         run.completed_calls.clear()
-        await self._snapshot(ctx, messages, step_index=run.step, reason='failure')
+        self._queue_snapshot(messages, step_index=run.step, reason='failure')
 
-    async def _settle_discarded(self, ctx: RunContext[Any], record: ToolEffectRecord, *, step_index: int) -> None:
+    def _queue_discarded(self, record: ToolEffectRecord, *, step_index: int) -> None:
         """Record a call whose return value never reached the history as failed, with the reason."""
         run = self._run
-        discarded = record.model_copy(update={'status': 'failed', 'effect_summary': _DISCARDED_SUMMARY})
-        await self._persist_tool_effect(ctx, discarded)
-        await self._event(
-            ctx,
+        run.pending.tool_effects.append(
+            record.model_copy(update={'status': 'failed', 'effect_summary': _DISCARDED_SUMMARY})
+        )
+        self._queue_event(
             'tool_call_failed',
             step_index=step_index,
             key=run.key('tool', step_index, record.tool_call_id, 'discarded'),
@@ -360,9 +409,9 @@ class StepPersistence(AbstractCapability[Any]):
         try:
             return await handler(node)
         except BaseException:
-            with anyio.CancelScope(shield=True):
-                self._observe(ctx)
-                await self._record_failure_snapshot(ctx)
+            self._observe(ctx)
+            self._queue_failure()
+            await self._flush(ctx)
             raise
 
     async def after_node_run(
@@ -372,7 +421,7 @@ class StepPersistence(AbstractCapability[Any]):
         run.failure_recorded = False
         if isinstance(node, CallToolsNode) and isinstance(result, ModelRequestNode):
             run.completed_calls.clear()
-            await self._snapshot(ctx, [*ctx.messages, result.request], step_index=ctx.run_step, reason='tool_cycle')
+            self._queue_snapshot([*ctx.messages, result.request], step_index=ctx.run_step, reason='tool_cycle')
         return result
 
     # --- model requests ---
@@ -386,20 +435,21 @@ class StepPersistence(AbstractCapability[Any]):
     ) -> ModelResponse:
         run = self._observe(ctx)
         step = ctx.run_step
-        await self._event(ctx, 'model_request_started', step_index=step, key=run.key('model', step, 'started'))
+        self._queue_event('model_request_started', step_index=step, key=run.key('model', step, 'started'))
         if self.capture_frontier:
-            await self._snapshot(ctx, ctx.messages, step_index=step, reason='before_request')
+            self._queue_snapshot(ctx.messages, step_index=step, reason='before_request')
+        await self._flush(ctx)
         try:
             response = await handler(request_context)
         except BaseException as error:
-            with anyio.CancelScope(shield=True):
-                await self._event(
-                    ctx, 'model_request_failed', step_index=step, key=run.key('model', step, 'failed'), error=error
-                )
+            self._queue_event(
+                'model_request_failed', step_index=step, key=run.key('model', step, 'failed'), error=error
+            )
+            await self._flush(ctx)
             raise
-        await self._event(ctx, 'model_request_completed', step_index=step, key=run.key('model', step, 'completed'))
+        self._queue_event('model_request_completed', step_index=step, key=run.key('model', step, 'completed'))
         if self.capture_frontier:
-            await self._snapshot(ctx, [*ctx.messages, response], step_index=step, reason='after_response')
+            self._queue_snapshot([*ctx.messages, response], step_index=step, reason='after_response')
         return response
 
     # --- tool calls ---
@@ -419,31 +469,31 @@ class StepPersistence(AbstractCapability[Any]):
         call_id = call.tool_call_id
         started = ToolEffectRecord(run_id=run.run_id, tool_call_id=call_id, tool_name=call.tool_name, status='started')
         run.active.in_flight[call_id] = started
-        await self._persist_tool_effect(ctx, started)
-        await self._event(
-            ctx, 'tool_call_started', step_index=step, key=run.key('tool', step, call_id, 'started'), tool=started
+        run.pending.tool_effects.append(started)
+        self._queue_event(
+            'tool_call_started', step_index=step, key=run.key('tool', step, call_id, 'started'), tool=started
         )
+        await self._flush(ctx)
         try:
             result = await handler(args)
         except BaseException as error:
-            with anyio.CancelScope(shield=True):
-                await self._settle_tool_call(ctx, call_id, step=step, error=error)
+            self._queue_settle(call_id, step=step, error=error)
+            await self._flush(ctx)
             raise
+        self._queue_settle(call_id, step=step, error=None)
         try:
-            await self._settle_tool_call(ctx, call_id, step=step, error=None)
+            await self._flush(ctx)
         except asyncio.CancelledError:
-            # The run is discarding this call's result: the ledger must not claim it completed.
-            with anyio.CancelScope(shield=True):
-                record = run.completed_calls.pop(call_id, None)
-                if record is not None:
-                    await self._settle_discarded(ctx, record, step_index=step)
+            # The completed record landed, but the run is discarding this call's result.
+            record = run.completed_calls.pop(call_id, None)
+            if record is not None:
+                self._queue_discarded(record, step_index=step)
+                await self._flush(ctx)
             raise
         return result
 
-    async def _settle_tool_call(
-        self, ctx: RunContext[Any], call_id: str, *, step: int, error: BaseException | None
-    ) -> None:
-        """Write the terminal ledger record (keeping annotations) and its event, unless already written."""
+    def _queue_settle(self, call_id: str, *, step: int, error: BaseException | None) -> None:
+        """Queue the terminal ledger record (keeping annotations) and its event, unless already queued."""
         run = self._run
         in_flight = run.active.in_flight.pop(call_id, None)
         if in_flight is None:
@@ -454,12 +504,10 @@ class StepPersistence(AbstractCapability[Any]):
         else:
             summary = in_flight.effect_summary if in_flight.effect_summary is not None else _failure_summary(error)
             record = in_flight.model_copy(update={'status': 'failed', 'ended_at': utc_now(), 'effect_summary': summary})
-        await self._persist_tool_effect(ctx, record)
+        run.pending.tool_effects.append(record)
         kind: EventKind = 'tool_call_completed' if error is None else 'tool_call_failed'
         outcome = 'completed' if error is None else 'failed'
-        await self._event(
-            ctx, kind, step_index=step, key=run.key('tool', step, call_id, outcome), tool=record, error=error
-        )
+        self._queue_event(kind, step_index=step, key=run.key('tool', step, call_id, outcome), tool=record, error=error)
 
     # --- specs ---
 

@@ -24,13 +24,13 @@ from sqlalchemy.sql.elements import Label
 
 from step_persistence._reading import read_or_skip, read_or_skip_async
 from step_persistence.media.protocol import MediaStore
-from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, StepWrites, ToolEffectRecord
 from step_persistence.retention import retained_seqs, validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.dialects import dialect_insert
-from step_persistence.stores.sql.histories import HistoryRows
+from step_persistence.stores.sql.histories import HistoryRows, SavedHistory
 from step_persistence.stores.sql.migrate import upgrade
 from step_persistence.stores.sql.schema import events, messages, runs, snapshot_keys, snapshots, tool_effects
 
@@ -154,6 +154,10 @@ class SqlStepStore:
 
     async def append_event(self, event: StepEvent) -> None:
         await self._ready()
+        async with self._db.transaction(write=True) as connection:
+            await self._append_event(connection, event)
+
+    async def _append_event(self, connection: AsyncConnection, event: StepEvent) -> None:
         values = rows.event_values(event)
         source = select(
             *(runs.c.run_id if name == 'run_id' else _literal(events, name, value) for name, value in values.items())
@@ -166,10 +170,9 @@ class SqlStepStore:
                 index_where=events.c.idempotency_key.is_not(None),
             )
         )
-        async with self._db.transaction(write=True) as connection:
-            written = (await self._db.execute(connection, statement)).rowcount
-            if written == 0 and not await self._run_exists(connection, event.run_id):
-                raise LookupError(f'run {event.run_id!r} is not registered')
+        written = (await self._db.execute(connection, statement)).rowcount
+        if written == 0 and not await self._run_exists(connection, event.run_id):
+            raise LookupError(f'run {event.run_id!r} is not registered')
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         await self._ready()
@@ -186,33 +189,38 @@ class SqlStepStore:
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         await self._ready()
-        run_id = snapshot.run_id
-        encoded = snapshot.encoded_messages()
         async with self._db.transaction(write=True) as connection:
-            if snapshot.idempotency_key is not None and not await self._claim_snapshot_key(connection, snapshot):
-                return
-            allocated = (
-                await self._db.execute(
-                    connection,
-                    update(runs)
-                    .where(runs.c.run_id == run_id)
-                    .values(last_snapshot_seq=runs.c.last_snapshot_seq + 1)
-                    .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no),
-                )
-            ).first()
-            if allocated is None:
-                raise LookupError(f'run {run_id!r} is not registered')
-            run_pk, seq, last_no = allocated
-            saved = await self._histories.save(
-                connection, run_id=run_id, run_pk=run_pk, last_no=last_no, encoded=encoded
-            )
+            saved = await self._save_snapshot(connection, snapshot)
+        if saved is not None:
+            self._histories.committed(snapshot.run_id, saved)
+
+    async def _save_snapshot(self, connection: AsyncConnection, snapshot: ContinuableSnapshot) -> SavedHistory | None:
+        """Write the snapshot in `connection`'s transaction; what to tell the history cache once it commits."""
+        run_id = snapshot.run_id
+        if snapshot.idempotency_key is not None and not await self._claim_snapshot_key(connection, snapshot):
+            return None
+        allocated = (
             await self._db.execute(
                 connection,
-                snapshots.insert().values(rows.snapshot_values(snapshot, seq=seq, history=saved.reference)),
+                update(runs)
+                .where(runs.c.run_id == run_id)
+                .values(last_snapshot_seq=runs.c.last_snapshot_seq + 1)
+                .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no),
             )
-            if self.max_snapshots_per_run is not None:
-                await self._prune(connection, run_id, self.max_snapshots_per_run)
-        self._histories.committed(run_id, saved)
+        ).first()
+        if allocated is None:
+            raise LookupError(f'run {run_id!r} is not registered')
+        run_pk, seq, last_no = allocated
+        saved = await self._histories.save(
+            connection, run_id=run_id, run_pk=run_pk, last_no=last_no, encoded=snapshot.encoded_messages()
+        )
+        await self._db.execute(
+            connection,
+            snapshots.insert().values(rows.snapshot_values(snapshot, seq=seq, history=saved.reference)),
+        )
+        if self.max_snapshots_per_run is not None:
+            await self._prune(connection, run_id, self.max_snapshots_per_run)
+        return saved
 
     async def _claim_snapshot_key(self, connection: AsyncConnection, snapshot: ContinuableSnapshot) -> bool:
         """Record the snapshot's idempotency key; `False` if the run already used it."""
@@ -291,6 +299,10 @@ class SqlStepStore:
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         await self._ready()
+        async with self._db.transaction(write=True) as connection:
+            await self._record_tool_effect(connection, record)
+
+    async def _record_tool_effect(self, connection: AsyncConnection, record: ToolEffectRecord) -> None:
         values = rows.tool_effect_values(record)
         source = select(
             *(
@@ -311,9 +323,26 @@ class SqlStepStore:
                 'effect_summary': func.coalesce(excluded.effect_summary, tool_effects.c.effect_summary),
             },
         )
+        if (await self._db.execute(connection, statement)).rowcount == 0:
+            raise LookupError(f'run {record.run_id!r} is not registered')
+
+    # --- batches ---
+
+    async def write_batch(self, writes: StepWrites) -> None:
+        """Apply tool effects, events and snapshots in one transaction: all of them land, or none."""
+        await self._ready()
+        saved: list[tuple[str, SavedHistory]] = []
         async with self._db.transaction(write=True) as connection:
-            if (await self._db.execute(connection, statement)).rowcount == 0:
-                raise LookupError(f'run {record.run_id!r} is not registered')
+            for effect in writes.tool_effects:
+                await self._record_tool_effect(connection, effect)
+            for event in writes.events:
+                await self._append_event(connection, event)
+            for snapshot in writes.snapshots:
+                history = await self._save_snapshot(connection, snapshot)
+                if history is not None:
+                    saved.append((snapshot.run_id, history))
+        for run_id, history in saved:
+            self._histories.committed(run_id, history)
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         await self._ready()
