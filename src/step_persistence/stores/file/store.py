@@ -25,6 +25,7 @@ from step_persistence.media.protocol import MediaStore
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, merge_tool_effect
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
+from step_persistence.stores._ordering import RunTurns
 from step_persistence.stores.file._codec import (
     SnapshotEntry,
     dump_run_file,
@@ -45,7 +46,6 @@ from step_persistence.stores.file._layout import (
 )
 from step_persistence.stores.file._locking import RunNotRegistered, locked_run, new_incarnation
 from step_persistence.stores.file._messages import stored_message
-from step_persistence.stores.file._ordering import RunTurns
 
 __all__ = ['FileStepStore']
 

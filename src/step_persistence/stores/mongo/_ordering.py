@@ -3,7 +3,7 @@
 Two calls on one run made one after the other by different tasks (a tool's `completed` record,
 then the `failed` record the capability writes when the run discards that result) travel on
 different pooled connections and could reach the server in either order. Each run's calls
-therefore take turns, first come first served (the same `RunTurns` as the file store). A write,
+therefore take turns, first come first served (the `RunTurns` the file store uses too). A write,
 once called, also runs to completion even if its caller is cancelled meanwhile: cancelling the
 caller mid-round-trip would otherwise leave it unknown whether the write happened, and would let
 the next call on the run overtake it.
@@ -16,7 +16,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from step_persistence._reading import logger
-from step_persistence.stores.file._ordering import RunTurns
+from step_persistence.stores._ordering import RunTurns
 
 __all__ = ['RunOrder']
 

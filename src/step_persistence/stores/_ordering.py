@@ -1,10 +1,10 @@
-"""Per-run call order on the event loop.
+"""Per-run call order on the event loop, shared by the stores whose calls can overtake each other.
 
 The in-memory store applies each call the moment it is made. The file store does its work in
-worker threads, where two calls on one run could otherwise overtake each other (a tool's
-`completed` record landing after the `failed` record written when its result was discarded).
-Making each run's calls wait their turn, first come first served, keeps the order in which they
-were made.
+worker threads, and the MongoDB store in network round trips on pooled connections; in both, two
+calls on one run could otherwise overtake each other (a tool's `completed` record landing after
+the `failed` record written when its result was discarded). Making each run's calls wait their
+turn, first come first served, keeps the order in which they were made.
 """
 
 from __future__ import annotations
