@@ -29,7 +29,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mappin
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import aiosqlite
 from sqlalchemy import event
@@ -40,10 +40,19 @@ from sqlalchemy.sql import Executable
 
 from step_persistence.stores.sql.dialects import check_dialect, redact, resolve_url
 
-__all__ = ['DEFAULT_BUSY_TIMEOUT', 'Database']
+__all__ = ['DEFAULT_BUSY_TIMEOUT', 'Database', 'SqliteSynchronous']
 
 DEFAULT_BUSY_TIMEOUT = 30.0
 """Seconds a SQLite writer waits for another connection's write lock before failing."""
+
+SqliteSynchronous = Literal['NORMAL', 'FULL']
+"""SQLite's `synchronous` setting for the files a store opens (in WAL mode).
+
+`NORMAL` (the default): a committed write survives the crash or kill of any process, because it
+is in the WAL file the moment the commit returns; an operating-system crash or power loss may
+undo the last commits (the database stays consistent). `FULL`: every commit is also fsynced, so
+it survives power loss too, at the cost of a disk flush per commit.
+"""
 
 _WRITE = 'step_persistence_write'
 """Connection execution option: the transaction about to begin writes (SQLite: `BEGIN IMMEDIATE`)."""
@@ -122,7 +131,12 @@ class Database:
 
     @classmethod
     def from_url(
-        cls, url: str | URL, *, schema: str | None = None, busy_timeout: float = DEFAULT_BUSY_TIMEOUT
+        cls,
+        url: str | URL,
+        *,
+        schema: str | None = None,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        synchronous: SqliteSynchronous = 'NORMAL',
     ) -> Database:
         """An owned engine for `url` (`sqlite://...` or `postgresql://...`; the async driver is filled in)."""
         resolved = resolve_url(url)
@@ -131,7 +145,7 @@ class Database:
         else:
             engine = create_async_engine(resolved, connect_args={'timeout': busy_timeout})
             file_backed = resolved.database not in (None, '', ':memory:')
-            _take_over_sqlite_transactions(engine, wal=file_backed)
+            _take_over_sqlite_transactions(engine, wal=file_backed, synchronous=_check_synchronous(synchronous))
         return cls(engine=engine, owns_engine=True, schema=schema, description=f'URL {redact(resolved)}')
 
     @classmethod
@@ -141,6 +155,7 @@ class Database:
         *,
         connection: sqlite3.Connection | None,
         busy_timeout: float,
+        synchronous: SqliteSynchronous = 'NORMAL',
         owner: str,
     ) -> Database:
         """The database of a SQLite front door (`owner` names it in errors).
@@ -162,7 +177,9 @@ class Database:
         name = os.fspath('runs.db' if database is None else database)
         if name != ':memory:':
             Path(name).parent.mkdir(parents=True, exist_ok=True)
-        return cls.from_url(URL.create('sqlite+aiosqlite', database=name), busy_timeout=busy_timeout)
+        return cls.from_url(
+            URL.create('sqlite+aiosqlite', database=name), busy_timeout=busy_timeout, synchronous=synchronous
+        )
 
     @classmethod
     def for_postgres(
@@ -270,7 +287,13 @@ class Database:
             await self._engine.dispose()
 
 
-def _take_over_sqlite_transactions(engine: AsyncEngine, *, wal: bool) -> None:
+def _check_synchronous(synchronous: str) -> SqliteSynchronous:
+    if synchronous not in ('NORMAL', 'FULL'):
+        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
+    return synchronous  # type: ignore[return-value]
+
+
+def _take_over_sqlite_transactions(engine: AsyncEngine, *, wal: bool, synchronous: SqliteSynchronous) -> None:
     """Configure each new connection of an engine the store owns, and let the store emit BEGIN."""
 
     @event.listens_for(engine.sync_engine, 'connect')
@@ -280,6 +303,7 @@ def _take_over_sqlite_transactions(engine: AsyncEngine, *, wal: bool) -> None:
         cursor.execute('PRAGMA foreign_keys = ON')
         if wal:
             cursor.execute('PRAGMA journal_mode = WAL')
+            cursor.execute(f'PRAGMA synchronous = {synchronous}')
         cursor.close()
 
     _begin_explicitly(engine)

@@ -9,7 +9,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting
-from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database
+from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database, SqliteSynchronous
 from step_persistence.stores.sql.dialects import resolve_url
 from step_persistence.stores.sql.store import SqlStepStore
 
@@ -23,6 +23,8 @@ class SqliteStepStore(SqlStepStore):
       created and the schema upgraded on first use. The store owns the engine: WAL journal,
       foreign keys on, and a busy timeout of `busy_timeout` seconds so concurrent writers (other
       processes included) wait for each other instead of failing. Each operation commits.
+      `synchronous='NORMAL'` (the default) makes every commit survive the crash or kill of any
+      process; `'FULL'` also fsyncs each commit, so it survives power loss (see docs/sql.md).
     - `SqliteStepStore(':memory:')`: one private in-memory database, gone at `aclose()`.
     - `SqliteStepStore(connection=conn)`: a caller's `sqlite3.Connection`, opened with
       `check_same_thread=False` (the store uses it from a worker thread). The store commits each
@@ -43,9 +45,16 @@ class SqliteStepStore(SqlStepStore):
         media_store: MediaSetting = 'auto',
         media_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+        synchronous: SqliteSynchronous = 'NORMAL',
     ) -> None:
         super().__init__(
-            Database.for_sqlite(database, connection=connection, busy_timeout=busy_timeout, owner='SqliteStepStore'),
+            Database.for_sqlite(
+                database,
+                connection=connection,
+                busy_timeout=busy_timeout,
+                synchronous=synchronous,
+                owner='SqliteStepStore',
+            ),
             auto_migrate=auto_migrate,
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
