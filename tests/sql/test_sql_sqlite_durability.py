@@ -11,9 +11,12 @@ from step_persistence import RunRecord, SqliteStepStore
 pytestmark = pytest.mark.anyio
 
 
-@pytest.mark.parametrize(('setting', 'pragma_value'), [('NORMAL', 1), ('FULL', 2)])
-async def test_synchronous_setting_reaches_every_connection(tmp_path: Path, setting: str, pragma_value: int) -> None:
-    store = SqliteStepStore(tmp_path / 'runs.db', synchronous=setting)  # type: ignore[arg-type]
+@pytest.mark.parametrize(('setting', 'pragma_value'), [(None, 1), ('NORMAL', 1), ('FULL', 2)])
+async def test_synchronous_setting_reaches_every_connection(
+    tmp_path: Path, setting: str | None, pragma_value: int
+) -> None:
+    options = {} if setting is None else {'synchronous': setting}
+    store = SqliteStepStore(tmp_path / 'runs.db', **options)  # type: ignore[arg-type]
     try:
         await store.register_run(RunRecord(run_id='r'))
         async with store._db.transaction(write=False) as connection:
@@ -24,6 +27,6 @@ async def test_synchronous_setting_reaches_every_connection(tmp_path: Path, sett
         await store.aclose()
 
 
-def test_default_is_normal_and_bad_values_are_refused(tmp_path: Path) -> None:
+def test_bad_synchronous_values_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match='synchronous'):
         SqliteStepStore(tmp_path / 'runs.db', synchronous='OFF')  # type: ignore[arg-type]
