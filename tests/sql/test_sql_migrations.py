@@ -21,6 +21,7 @@ from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, from_
 from step_persistence._history import encode_messages
 from step_persistence.stores.sql import TABLE_NAMES, VERSION_TABLE, Base, include_name
 from step_persistence.stores.sql.database import Database
+from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.migrate import upgrade
 from step_persistence.stores.sql.schema import messages, runs, snapshots
 from step_persistence.testing.conformance import sample_history
@@ -101,10 +102,11 @@ async def test_snapshots_from_before_the_state_column_read_back_complete(empty_d
     history = sample_history(2, tag='old')
     try:
         await upgrade(database, '0001')
-        async with database.transaction(write=True) as connection:
-            columns = await connection.run_sync(lambda sync: Table('snapshots', MetaData(), autoload_with=sync).c)
-            assert 'state' not in columns
-            await connection.execute(
+
+        def write_old_rows(transaction: Transaction) -> None:
+            connection = transaction.connection
+            assert 'state' not in Table('snapshots', MetaData(), autoload_with=connection).c
+            connection.execute(
                 runs.insert().values(
                     run_id='old',
                     metadata={},
@@ -114,7 +116,7 @@ async def test_snapshots_from_before_the_state_column_read_back_complete(empty_d
                 )
             )
             encoded = encode_messages(history)
-            await connection.execute(
+            connection.execute(
                 messages.insert(),
                 [
                     {
@@ -129,7 +131,7 @@ async def test_snapshots_from_before_the_state_column_read_back_complete(empty_d
                 ],
             )
             for seq, length in ((1, 3), (2, len(history))):
-                await connection.execute(
+                connection.execute(
                     snapshots.insert().values(
                         run_id='old',
                         seq=seq,
@@ -139,6 +141,8 @@ async def test_snapshots_from_before_the_state_column_read_back_complete(empty_d
                         through_message=length,
                     )
                 )
+
+        await database.run(write_old_rows, write=True)
         await upgrade(database)
     finally:
         await database.aclose()

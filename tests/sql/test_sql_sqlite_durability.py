@@ -19,10 +19,14 @@ async def test_synchronous_setting_reaches_every_connection(
     store = SqliteStepStore(tmp_path / 'runs.db', **options)  # type: ignore[arg-type]
     try:
         await store.register_run(RunRecord(run_id='r'))
-        async with store._db.transaction(write=False) as connection:
-            journal = (await connection.exec_driver_sql('PRAGMA journal_mode')).scalar()
-            synchronous = (await connection.exec_driver_sql('PRAGMA synchronous')).scalar()
-        assert (journal, synchronous) == ('wal', pragma_value)
+        settings = await store._db.run(
+            lambda transaction: [
+                transaction.connection.exec_driver_sql(f'PRAGMA {name}').scalar()
+                for name in ('journal_mode', 'synchronous')
+            ],
+            write=False,
+        )
+        assert settings == ['wal', pragma_value]
     finally:
         await store.aclose()
 

@@ -2,8 +2,8 @@
 
 `SqlMediaStore` takes a URL, an `AsyncEngine` or an `AsyncConnection`, with the same ownership
 rules as `SqlStepStore`; `SqliteMediaStore` and `PostgresMediaStore` are its named front doors.
-A `SqlStepStore` with `media_store='auto'` uses one on its own database, inside its own
-transactions (see docs/media.md).
+A `SqlStepStore` with `media_store='auto'` uses one on its own database and writes the blob rows
+in its own write transactions (see `stores/sql/blobs.py` and docs/sql.md).
 """
 
 from __future__ import annotations
@@ -21,9 +21,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from step_persistence.media.keys import resolve_public_url
 from step_persistence.media.protocol import NO_CONTEXT, MediaContext, PublicUrlResolver
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
-from step_persistence.records import utc_now
+from step_persistence.stores.sql.blobs import BlobWriter, blob_row
 from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database
-from step_persistence.stores.sql.dialects import dialect_insert
 from step_persistence.stores.sql.migrate import upgrade
 from step_persistence.stores.sql.schema import media
 
@@ -60,13 +59,13 @@ class SqlMediaStore:
         self._owns_database = True
         self._auto_migrate = auto_migrate
         self._public_url = public_url
-        self._insert = dialect_insert(self._db.dialect_name)
+        self._blobs = BlobWriter(self._db.dialect_name)
 
     @classmethod
     def sharing(
         cls, database: Database, *, auto_migrate: bool, public_url: PublicUrlResolver | None = None
     ) -> SqlMediaStore:
-        """A media store on a step store's database: it joins that store's transactions and closes nothing."""
+        """A media store on a step store's database, which it never closes (the step store stages its puts)."""
         store = cls(database, auto_migrate=auto_migrate, public_url=public_url)
         store._owns_database = False
         return store
@@ -85,29 +84,16 @@ class SqlMediaStore:
 
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
         uri = media_uri_for(data)
-        statement = (
-            self._insert(media)
-            .values(
-                digest=parse_media_uri(uri),
-                data=bytes(data),
-                media_type=context.media_type,
-                filename=context.filename,
-                metadata=dict(context.metadata),
-                created_at=utc_now(),
-            )
-            .on_conflict_do_nothing(index_elements=[media.c.digest])
-        )
+        row = blob_row(uri, data, context)
         await self._ready()
-        async with self._db.transaction(write=True) as connection:
-            await self._db.execute(connection, statement)
+        await self._db.run(lambda transaction: self._blobs.write(transaction, [row]), write=True)
         return uri
 
     async def _column(self, uri: str, column: str) -> Any:
         """The blob's value in `column`; `FileNotFoundError` if there is no such blob."""
         statement = select(media.c[column]).where(media.c.digest == parse_media_uri(uri))
         await self._ready()
-        async with self._db.transaction(write=False) as connection:
-            row = (await self._db.execute(connection, statement)).first()
+        row = await self._db.run(lambda transaction: transaction.execute(statement).first(), write=False)
         if row is None:
             raise FileNotFoundError(f'blob {uri} is not in the media table of {self._db.description}')
         return row[0]

@@ -109,8 +109,7 @@ def migrate_on_connection(connection: Connection, schema: str | None) -> None:
 async def _migrate_with_own_engine(url: str, schema: str | None) -> None:
     database = Database.from_url(url, schema=schema)
     try:
-        async with database.transaction(write=True) as connection:
-            await connection.run_sync(migrate_on_connection, schema)
+        await database.run(lambda transaction: migrate_on_connection(transaction.connection, schema), write=True)
     finally:
         await database.aclose()
 

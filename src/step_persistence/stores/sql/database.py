@@ -1,4 +1,4 @@
-"""Where a SQL store's statements run, what it owns, and who commits.
+"""Where a SQL store's operations run, what it owns, and who commits.
 
 A `Database` wraps one of:
 
@@ -9,100 +9,69 @@ A `Database` wraps one of:
 - an application's `sqlite3.Connection` (borrowed: the store runs it on a worker thread and
   commits each of its own operations; closing the store never closes the connection).
 
-Each operation runs in one transaction on one connection. On SQLite engines the store builds,
-the store emits `BEGIN IMMEDIATE` for writes (so a writer waits for the lock, up to the busy
-timeout, instead of failing halfway) and `BEGIN` for reads (one consistent view per read).
-
-An operation that starts inside another operation's transaction on the same `Database` (the
-SQL media store putting a blob while the step store saves a snapshot) joins that transaction:
-same connection, committed or rolled back together. Several tasks joining one transaction (the
-media walker puts blobs concurrently) take turns on its connection.
+Each operation is one synchronous function run in one transaction on one connection (see
+`executors.py`): SQLite engines the store builds run the whole transaction in one worker-thread
+call, starting writes with `BEGIN IMMEDIATE` (a writer waits for the lock, up to the busy
+timeout, instead of failing halfway) and reads with `BEGIN` (one consistent view per read);
+PostgreSQL and an application's engine or connection run it through `AsyncConnection.run_sync`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
-from contextvars import ContextVar
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, TypeVar
 
-import aiosqlite
-from sqlalchemy import event
-from sqlalchemy.engine import URL, Connection
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
-from sqlalchemy.pool import ConnectionPoolEntry, StaticPool
-from sqlalchemy.sql import Executable
+from sqlalchemy.engine import URL
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from step_persistence.stores.sql.dialects import check_dialect, redact, resolve_url
+from step_persistence.stores.sql.engines import (
+    SqliteSynchronous,
+    check_synchronous,
+    postgres_engine,
+    sqlite3_engine,
+    sqlite_engine,
+)
+from step_persistence.stores.sql.executors import AsyncExecutor, Executor, Operation, ThreadExecutor
 
-__all__ = ['DEFAULT_BUSY_TIMEOUT', 'Database', 'SqliteSynchronous']
+__all__ = ['DEFAULT_BUSY_TIMEOUT', 'SQLITE_THREADS', 'Database', 'SqliteSynchronous']
 
 DEFAULT_BUSY_TIMEOUT = 30.0
 """Seconds a SQLite writer waits for another connection's write lock before failing."""
 
-SqliteSynchronous = Literal['NORMAL', 'FULL']
-"""SQLite's `synchronous` setting for the files a store opens (in WAL mode).
+SQLITE_THREADS = 4
+"""Worker threads (and pooled connections) of a SQLite file the store opens: one writer, readers beside it."""
 
-`NORMAL` (the default): a committed write survives the crash or kill of any process, because it
-is in the WAL file the moment the commit returns; an operating-system crash or power loss may
-undo the last commits (the database stays consistent). `FULL`: every commit is also fsynced, so
-it survives power loss too, at the cost of a disk flush per commit.
-"""
-
-_WRITE = 'step_persistence_write'
-"""Connection execution option: the transaction about to begin writes (SQLite: `BEGIN IMMEDIATE`)."""
-
-
-@dataclass(frozen=True)
-class _Current:
-    """The transaction an operation on `database` is running in, for operations nested inside it."""
-
-    database: Database
-    connection: AsyncConnection
-    turn: asyncio.Lock
-    """Held by each nested operation while it uses the connection."""
-
-
-_CURRENT: ContextVar[_Current | None] = ContextVar('step_persistence_sql_transaction', default=None)
+T = TypeVar('T')
 
 
 class Database:
-    """One SQL database as a store sees it: transactions on demand, and only its own things closed."""
+    """One SQL database as a store sees it: operations in transactions, and only its own things closed."""
 
     def __init__(
         self,
+        executor: Executor,
         *,
-        engine: AsyncEngine | None = None,
-        connection: AsyncConnection | None = None,
-        owns_engine: bool = False,
+        dialect_name: str,
+        owns_engine: bool,
+        in_caller_transaction: bool = False,
         schema: str | None = None,
         description: str,
     ) -> None:
-        bind = engine if engine is not None else connection
-        if bind is None or (engine is not None and connection is not None):
-            raise TypeError('pass exactly one of engine= or connection=')
-        dialect = bind.dialect
-        check_dialect(dialect.name, dialect.driver, where=description)
-        if schema is not None and dialect.name != 'postgresql':
-            raise ValueError(f'a schema name is only supported on PostgreSQL, not {dialect.name}')
-        self.dialect_name: str = dialect.name
+        if schema is not None and dialect_name != 'postgresql':
+            raise ValueError(f'a schema name is only supported on PostgreSQL, not {dialect_name}')
+        self.dialect_name = dialect_name
         self.schema = schema
         self.description = description
-        self.execution_options: Mapping[str, Any] = {} if schema is None else {'schema_translate_map': {None: schema}}
-        """Options for every statement: maps the schema-less tables into `schema`."""
-        self._engine = engine
-        self._connection = connection
+        self.in_caller_transaction = in_caller_transaction
+        """Whether operations run in a transaction the caller controls (an `AsyncConnection` was given)."""
+        self._options: Mapping[str, Any] = {} if schema is None else {'schema_translate_map': {None: schema}}
+        self._executor = executor
         self._owns_engine = owns_engine
-        single_connection = connection is not None or isinstance(getattr(engine, 'pool', None), StaticPool)
-        self._serial = asyncio.Lock() if single_connection else None
-        """Held for every operation when there is only one connection to share."""
-        self._writer = asyncio.Lock() if dialect.name == 'sqlite' and not single_connection else None
-        """SQLite admits one writer at a time: this process's writers queue here rather than in the busy handler."""
         self._schema_ready = False
         self._schema_lock = asyncio.Lock()
 
@@ -116,18 +85,11 @@ class Database:
             if schema is not None:
                 raise TypeError('pass the schema to the Database, not to the store')
             return target
-        if isinstance(target, AsyncEngine):
-            return cls.from_engine(target, schema=schema)
-        if isinstance(target, AsyncConnection):
-            return cls.from_connection(target, schema=schema)
+        if isinstance(target, AsyncEngine | AsyncConnection):
+            return cls.borrowing(target, schema=schema)
         if isinstance(target, str | URL):
             return cls.from_url(target, schema=schema)
         raise TypeError(f'expected a database URL, an AsyncEngine or an AsyncConnection, got {type(target).__name__}')
-
-    @property
-    def in_caller_transaction(self) -> bool:
-        """Whether statements run in a transaction the caller controls (an `AsyncConnection` was given)."""
-        return self._connection is not None
 
     @classmethod
     def from_url(
@@ -138,15 +100,29 @@ class Database:
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: SqliteSynchronous = 'NORMAL',
     ) -> Database:
-        """An owned engine for `url` (`sqlite://...` or `postgresql://...`; the async driver is filled in)."""
+        """An owned engine for `url` (`sqlite://...` or `postgresql://...`).
+
+        SQLite runs on Python's `sqlite3` module in the store's worker threads; PostgreSQL on asyncpg.
+        """
         resolved = resolve_url(url)
+        description = f'URL {redact(resolved)}'
         if resolved.get_backend_name() == 'postgresql':
-            engine = create_async_engine(resolved, pool_pre_ping=True)
+            executor: Executor = AsyncExecutor(postgres_engine(resolved))
         else:
-            engine = create_async_engine(resolved, connect_args={'timeout': busy_timeout})
-            file_backed = resolved.database not in (None, '', ':memory:')
-            _take_over_sqlite_transactions(engine, wal=file_backed, synchronous=_check_synchronous(synchronous))
-        return cls(engine=engine, owns_engine=True, schema=schema, description=f'URL {redact(resolved)}')
+            engine = sqlite_engine(
+                resolved.database or ':memory:',
+                busy_timeout=busy_timeout,
+                synchronous=check_synchronous(synchronous),
+                pool_size=SQLITE_THREADS,
+            )
+            executor = ThreadExecutor(engine, threads=SQLITE_THREADS)
+        return cls(
+            executor,
+            dialect_name=resolved.get_backend_name(),
+            owns_engine=True,
+            schema=schema,
+            description=description,
+        )
 
     @classmethod
     def for_sqlite(
@@ -173,7 +149,7 @@ class Database:
         if isinstance(database, AsyncEngine | AsyncConnection):
             if database.dialect.name != 'sqlite':
                 raise ValueError(f'{owner} needs a SQLite engine or connection, got {database.dialect.name}')
-            return cls.open(database, schema=None)
+            return cls.borrowing(database, schema=None)
         name = os.fspath('runs.db' if database is None else database)
         if name != ':memory:':
             Path(name).parent.mkdir(parents=True, exist_ok=True)
@@ -189,81 +165,52 @@ class Database:
         if isinstance(url_or_engine, AsyncEngine | AsyncConnection):
             if url_or_engine.dialect.name != 'postgresql':
                 raise ValueError(f'{owner} needs a PostgreSQL database, got a {url_or_engine.dialect.name} engine')
-            return cls.open(url_or_engine, schema=schema)
+            return cls.borrowing(url_or_engine, schema=schema)
         url = resolve_url(url_or_engine)
         if url.get_backend_name() != 'postgresql':
             raise ValueError(f'{owner} needs a PostgreSQL database, got {redact(url)}')
         return cls.from_url(url, schema=schema)
 
     @classmethod
-    def from_engine(cls, engine: AsyncEngine, *, schema: str | None = None) -> Database:
-        """An application's engine: used as configured, never disposed."""
-        return cls(engine=engine, schema=schema, description=f'engine {redact(engine.url)}')
-
-    @classmethod
-    def from_connection(cls, connection: AsyncConnection, *, schema: str | None = None) -> Database:
-        """An application's connection: statements join its transaction; nothing is committed or closed."""
-        return cls(connection=connection, schema=schema, description=f'connection to {redact(connection.engine.url)}')
+    def borrowing(cls, bind: AsyncEngine | AsyncConnection, *, schema: str | None = None) -> Database:
+        """An application's engine (used as configured, never disposed) or connection (statements join its
+        transaction; nothing is committed, rolled back or closed)."""
+        dialect = bind.dialect
+        is_engine = isinstance(bind, AsyncEngine)
+        engine = bind if isinstance(bind, AsyncEngine) else bind.engine
+        description = f'engine {redact(engine.url)}' if is_engine else f'connection to {redact(engine.url)}'
+        check_dialect(dialect.name, dialect.driver, where=description)
+        return cls(
+            AsyncExecutor(bind),
+            dialect_name=dialect.name,
+            owns_engine=False,
+            in_caller_transaction=not is_engine,
+            schema=schema,
+            description=description,
+        )
 
     @classmethod
     def from_sqlite3(cls, connection: sqlite3.Connection) -> Database:
         """An application's `sqlite3.Connection` (opened with `check_same_thread=False`).
 
-        The store drives it from a worker thread, commits each write operation it makes, and
-        never closes it. Its pragmas (journal mode, busy timeout, foreign keys) are left as the
-        caller set them.
+        The store drives it from a worker thread, commits each operation it makes, and never
+        closes it. Its pragmas (journal mode, busy timeout, foreign keys) are left as the caller
+        set them.
         """
-        borrowed = _BorrowedSqlite3(connection)
+        return cls(
+            ThreadExecutor(sqlite3_engine(connection), threads=1),
+            dialect_name='sqlite',
+            owns_engine=True,
+            description='a sqlite3 connection',
+        )
 
-        async def connect() -> aiosqlite.Connection:
-            driver = aiosqlite.Connection(lambda: borrowed, iter_chunk_size=64)  # type: ignore[arg-type, return-value]
-            # As SQLAlchemy does for the connections it opens: a forgotten store must not keep
-            # the interpreter alive at exit.
-            driver._thread.daemon = True
-            return await driver
+    async def run(self, operation: Operation[T], *, write: bool) -> T:
+        """Run `operation` in one transaction, committed if it returns (SQLite writes: `BEGIN IMMEDIATE`).
 
-        engine = create_async_engine('sqlite+aiosqlite://', async_creator=connect, poolclass=StaticPool)
-        _begin_explicitly(engine)
-        return cls(engine=engine, owns_engine=True, description='a sqlite3 connection')
-
-    @contextlib.asynccontextmanager
-    async def transaction(self, *, write: bool) -> AsyncIterator[AsyncConnection]:
-        """A connection inside a transaction for one operation, committed on success.
-
-        With a caller's `AsyncConnection`, that connection as it is: the caller's transaction,
-        neither committed nor rolled back here. Inside another operation's transaction on this
-        database, that transaction (see the module docstring).
+        With a caller's `AsyncConnection`, in the caller's transaction, neither committed nor
+        rolled back here.
         """
-        current = _CURRENT.get()
-        if current is not None and current.database is self:
-            async with current.turn:
-                yield current.connection
-            return
-        writer = self._writer if write else None
-        async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
-            if self._connection is not None:
-                with self._current(self._connection):
-                    yield self._connection
-                return
-            assert self._engine is not None
-            async with self._engine.connect() as connection:
-                if write:
-                    await connection.execution_options(**{_WRITE: True})
-                async with connection.begin():
-                    with self._current(connection):
-                        yield connection
-
-    async def execute(self, connection: AsyncConnection, statement: Executable, parameters: Any = None) -> Any:
-        """Run `statement` on `connection` (one of this database's) with the schema mapping applied."""
-        return await connection.execute(statement, parameters, execution_options=self.execution_options)
-
-    @contextlib.contextmanager
-    def _current(self, connection: AsyncConnection) -> Iterator[None]:
-        token = _CURRENT.set(_Current(database=self, connection=connection, turn=asyncio.Lock()))
-        try:
-            yield
-        finally:
-            _CURRENT.reset(token)
+        return await self._executor.run(operation, write=write, options=self._options)
 
     async def ensure_schema(self, upgrade: Callable[[Database], Awaitable[None]]) -> None:
         """Run `upgrade` unless the schema is known to be up to date; concurrent callers wait for one run.
@@ -283,54 +230,5 @@ class Database:
 
     async def aclose(self) -> None:
         """Dispose of the engine if this database created it; borrowed engines and connections stay open."""
-        if self._owns_engine and self._engine is not None:
-            await self._engine.dispose()
-
-
-def _check_synchronous(synchronous: str) -> SqliteSynchronous:
-    if synchronous not in ('NORMAL', 'FULL'):
-        raise ValueError(f"synchronous must be 'NORMAL' or 'FULL', got {synchronous!r}")
-    return synchronous  # type: ignore[return-value]
-
-
-def _take_over_sqlite_transactions(engine: AsyncEngine, *, wal: bool, synchronous: SqliteSynchronous) -> None:
-    """Configure each new connection of an engine the store owns, and let the store emit BEGIN."""
-
-    @event.listens_for(engine.sync_engine, 'connect')
-    def configure(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
-        dbapi_connection.isolation_level = None
-        cursor = dbapi_connection.cursor()
-        cursor.execute('PRAGMA foreign_keys = ON')
-        if wal:
-            cursor.execute('PRAGMA journal_mode = WAL')
-            cursor.execute(f'PRAGMA synchronous = {synchronous}')
-        cursor.close()
-
-    _begin_explicitly(engine)
-
-
-def _begin_explicitly(engine: AsyncEngine) -> None:
-    """Emit `BEGIN IMMEDIATE` (writes) or `BEGIN` (reads) unless the driver is already in a transaction."""
-
-    @event.listens_for(engine.sync_engine, 'begin')
-    def begin(connection: Connection) -> None:
-        if connection.connection.driver_connection.in_transaction:  # type: ignore[union-attr]
-            return
-        write = bool(connection.get_execution_options().get(_WRITE))
-        connection.exec_driver_sql('BEGIN IMMEDIATE' if write else 'BEGIN')
-
-
-class _BorrowedSqlite3:
-    """A caller's `sqlite3.Connection` as the store's driver sees it: `close()` leaves it open."""
-
-    def __init__(self, connection: sqlite3.Connection) -> None:
-        object.__setattr__(self, '_connection', connection)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._connection, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._connection, name, value)
-
-    def close(self) -> None:
-        """Do nothing: the caller closes its own connection."""
+        if self._owns_engine:
+            await self._executor.dispose()

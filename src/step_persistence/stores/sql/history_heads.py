@@ -1,9 +1,11 @@
 """What a store knows of each run's stored messages: the digest of the newest row per history position.
 
-A save compares the snapshot's digests with this head to find the positions to write. The head
-is only ever advanced with committed rows, in number order, and is checked inside every write
-transaction against the run's row (`runs.id`, `runs.last_message_no`), so a stale head (another
-process wrote, or the run was deleted and registered again) is caught up before it is used.
+A save compares the snapshot's digests with this head to find the positions to write (first
+before its write transaction, to pack the messages that will be new, then inside it). The cache
+only ever holds heads of committed rows, in number order; every write transaction checks the
+head it starts from against the run's row (`runs.id`, `runs.last_message_no`), so a stale head
+(another process or task wrote, or the run was deleted and registered again) is caught up
+before it is used.
 """
 
 from __future__ import annotations
@@ -43,6 +45,10 @@ class RunHead:
             self.last_no = no
         self.last_no = max(self.last_no, through)
 
+    def copy(self) -> RunHead:
+        """An independent copy, to advance without changing this head."""
+        return RunHead(run_pk=self.run_pk, last_no=self.last_no, latest=list(self.latest))
+
 
 class HeadCache:
     """A bounded, least-recently-used map of run id -> `RunHead`."""
@@ -58,7 +64,10 @@ class HeadCache:
         return head
 
     def remember(self, run_id: str, head: RunHead) -> None:
-        self._runs[run_id] = head
+        """Keep `head` for the run, unless the cache holds a newer head of the same run."""
+        known = self._runs.get(run_id)
+        if known is None or known.run_pk != head.run_pk or known.last_no <= head.last_no:
+            self._runs[run_id] = head
         self._runs.move_to_end(run_id)
         while len(self._runs) > self._max_runs:
             self._runs.popitem(last=False)

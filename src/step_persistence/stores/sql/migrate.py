@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+from functools import partial
+from typing import TypeVar
+
+import anyio.to_thread
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
@@ -9,7 +14,10 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Connection
 
 from step_persistence.stores.sql.database import Database
+from step_persistence.stores.sql.executors import Operation, Transaction
 from step_persistence.stores.sql.schema import VERSION_TABLE
+
+T = TypeVar('T')
 
 __all__ = ['SCRIPT_LOCATION', 'alembic_config', 'current', 'downgrade', 'head_revision', 'stamp', 'upgrade']
 
@@ -30,21 +38,21 @@ def alembic_config(*, connection: Connection | None = None, schema: str | None =
     return config
 
 
-def _upgrade(connection: Connection, schema: str | None, revision: str) -> None:
-    command.upgrade(alembic_config(connection=connection, schema=schema), revision)
+def _upgrade(transaction: Transaction, schema: str | None, revision: str) -> None:
+    command.upgrade(alembic_config(connection=transaction.connection, schema=schema), revision)
 
 
-def _downgrade(connection: Connection, schema: str | None, revision: str) -> None:
-    command.downgrade(alembic_config(connection=connection, schema=schema), revision)
+def _downgrade(transaction: Transaction, schema: str | None, revision: str) -> None:
+    command.downgrade(alembic_config(connection=transaction.connection, schema=schema), revision)
 
 
-def _stamp(connection: Connection, schema: str | None, revision: str) -> None:
-    command.stamp(alembic_config(connection=connection, schema=schema), revision)
+def _stamp(transaction: Transaction, schema: str | None, revision: str) -> None:
+    command.stamp(alembic_config(connection=transaction.connection, schema=schema), revision)
 
 
-def _current(connection: Connection, schema: str | None) -> str | None:
+def _current(transaction: Transaction, schema: str | None) -> str | None:
     options = {'version_table': VERSION_TABLE, 'version_table_schema': schema}
-    return MigrationContext.configure(connection, opts=options).get_current_revision()
+    return MigrationContext.configure(transaction.connection, opts=options).get_current_revision()
 
 
 def head_revision() -> str | None:
@@ -52,25 +60,35 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+_ALEMBIC = threading.Lock()
+"""Alembic keeps the running migration's context in module globals: one migration at a time per process."""
+
+
+async def _one_at_a_time(database: Database, operation: Operation[T], *, write: bool) -> T:
+    """Run `operation` on `database` while no other migration of this process runs (on any thread or loop)."""
+    if not _ALEMBIC.acquire(blocking=False):
+        await anyio.to_thread.run_sync(_ALEMBIC.acquire)
+    try:
+        return await database.run(operation, write=write)
+    finally:
+        _ALEMBIC.release()
+
+
 async def upgrade(database: Database, revision: str = 'head') -> None:
     """Upgrade `database` to `revision` in one write transaction (the caller's, for a shared connection)."""
-    async with database.transaction(write=True) as connection:
-        await connection.run_sync(_upgrade, database.schema, revision)
+    await _one_at_a_time(database, partial(_upgrade, schema=database.schema, revision=revision), write=True)
 
 
 async def downgrade(database: Database, revision: str) -> None:
     """Downgrade `database` to `revision` (`'base'` removes every table and view) in one write transaction."""
-    async with database.transaction(write=True) as connection:
-        await connection.run_sync(_downgrade, database.schema, revision)
+    await _one_at_a_time(database, partial(_downgrade, schema=database.schema, revision=revision), write=True)
 
 
 async def stamp(database: Database, revision: str) -> None:
     """Record `revision` as applied to `database` without running any migration (`'base'` clears it)."""
-    async with database.transaction(write=True) as connection:
-        await connection.run_sync(_stamp, database.schema, revision)
+    await _one_at_a_time(database, partial(_stamp, schema=database.schema, revision=revision), write=True)
 
 
 async def current(database: Database) -> str | None:
     """The revision `database` is at; `None` when no revision is recorded (never migrated, or at base)."""
-    async with database.transaction(write=False) as connection:
-        return await connection.run_sync(_current, database.schema)
+    return await database.run(partial(_current, schema=database.schema), write=False)

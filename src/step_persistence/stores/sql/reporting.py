@@ -11,9 +11,12 @@ computes through the protocol, in two queries instead of several reads per run.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, select
 
 from step_persistence.reporting import RunSummary, ToolStats
+from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import runs
 from step_persistence.stores.sql.store import SqlStepStore
 from step_persistence.stores.sql.types import DateTimeUTC
@@ -68,8 +71,10 @@ async def read_report(store: SqlStepStore) -> tuple[list[RunSummary], list[ToolS
     summaries = (
         select(run_summary).join(runs, runs.c.run_id == run_summary.c.run_id).order_by(runs.c.started_at, runs.c.id)
     )
-    async with database.transaction(write=False) as connection:
-        summary_rows = (await database.execute(connection, summaries)).all()
-        stats_rows = (await database.execute(connection, select(tool_call_stats))).all()
+
+    def read(transaction: Transaction) -> tuple[list[Any], list[Any]]:
+        return list(transaction.execute(summaries)), list(transaction.execute(select(tool_call_stats)))
+
+    summary_rows, stats_rows = await database.run(read, write=False)
     stats = sorted((ToolStats(**row._asdict()) for row in stats_rows), key=lambda row: row.tool_name)
     return [RunSummary(**row._asdict()) for row in summary_rows], stats

@@ -13,9 +13,12 @@ from step_persistence.stores.sql.schema import events, runs, snapshots, tool_eff
 
 __all__ = [
     'EVENT_COLUMNS',
+    'EVENT_FIELDS',
     'RUN_COLUMNS',
+    'RUN_KEY',
     'SNAPSHOT_HEADER_COLUMNS',
     'TOOL_EFFECT_COLUMNS',
+    'TOOL_EFFECT_FIELDS',
     'StoredHistory',
     'event_from_row',
     'event_values',
@@ -27,8 +30,11 @@ __all__ = [
     'tool_effect_values',
 ]
 
+RUN_KEY = 'run'
+"""The parameter naming the run of an event, tool effect or snapshot key (see `statements.py`)."""
+
 _RUN_FIELDS = ('run_id', 'conversation_id', 'parent_run_id', 'agent_name', 'metadata', 'started_at')
-_EVENT_FIELDS = (
+EVENT_FIELDS = (
     'run_id',
     'kind',
     'step_index',
@@ -53,7 +59,7 @@ _SNAPSHOT_FIELDS = (
     'idempotency_key',
     'state',
 )
-_TOOL_EFFECT_FIELDS = (
+TOOL_EFFECT_FIELDS = (
     'run_id',
     'tool_call_id',
     'tool_name',
@@ -65,8 +71,8 @@ _TOOL_EFFECT_FIELDS = (
 )
 
 RUN_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(runs.c[name] for name in _RUN_FIELDS)
-EVENT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(events.c[name] for name in _EVENT_FIELDS)
-TOOL_EFFECT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(tool_effects.c[name] for name in _TOOL_EFFECT_FIELDS)
+EVENT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(events.c[name] for name in EVENT_FIELDS)
+TOOL_EFFECT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(tool_effects.c[name] for name in TOOL_EFFECT_FIELDS)
 SNAPSHOT_HEADER_COLUMNS: tuple[ColumnElement[Any], ...] = (
     *(snapshots.c[name] for name in _SNAPSHOT_FIELDS),
     snapshots.c.history_length,
@@ -93,19 +99,21 @@ def run_from_row(row: Mapping[str, Any]) -> RunRecord:
 
 
 def event_values(event: StepEvent) -> dict[str, Any]:
-    return {name: getattr(event, name) for name in _EVENT_FIELDS}
+    """The parameters of `WriteStatements.append_event`: the event's fields, its run as `run`."""
+    return {RUN_KEY if name == 'run_id' else name: getattr(event, name) for name in EVENT_FIELDS}
 
 
 def event_from_row(row: Mapping[str, Any]) -> StepEvent:
-    return StepEvent.model_validate({name: row[name] for name in _EVENT_FIELDS})
+    return StepEvent.model_validate({name: row[name] for name in EVENT_FIELDS})
 
 
 def tool_effect_values(record: ToolEffectRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in _TOOL_EFFECT_FIELDS}
+    """The parameters of `WriteStatements.record_tool_effect`: the record's fields, its run as `run`."""
+    return {RUN_KEY if name == 'run_id' else name: getattr(record, name) for name in TOOL_EFFECT_FIELDS}
 
 
 def tool_effect_from_row(row: Mapping[str, Any]) -> ToolEffectRecord:
-    return ToolEffectRecord.model_validate({name: row[name] for name in _TOOL_EFFECT_FIELDS})
+    return ToolEffectRecord.model_validate({name: row[name] for name in TOOL_EFFECT_FIELDS})
 
 
 def snapshot_values(snapshot: ContinuableSnapshot, *, seq: int, history: StoredHistory) -> dict[str, Any]:

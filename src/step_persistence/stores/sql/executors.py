@@ -1,0 +1,122 @@
+"""How a store operation reaches the database: one synchronous function, run in one transaction.
+
+Every operation of the SQL stores is written once, as a function of a `Transaction` (a
+synchronous SQLAlchemy `Connection` inside a transaction). An executor runs it:
+
+- `ThreadExecutor` (SQLite, on a synchronous engine): the whole transaction (pool checkout,
+  `BEGIN [IMMEDIATE]`, every statement, `COMMIT`, check-in) runs in one call to a worker thread
+  taken from the executor's own `CapacityLimiter`, so an operation costs the event loop one
+  wake-up, and media stores or other stores using threads cannot starve it of threads. Writers
+  of one process queue on an asyncio lock (SQLite admits one writer at a time) rather than in
+  SQLite's busy handler; a database with a single connection serializes every operation.
+- `AsyncExecutor` (PostgreSQL through asyncpg, and any application's `AsyncEngine` or
+  `AsyncConnection`): the function runs through `AsyncConnection.run_sync`, inside a transaction
+  the executor begins and commits on a pooled connection, or inside the caller's transaction on
+  the caller's connection (never committed, rolled back or closed here).
+
+A function that raises rolls its transaction back (except the caller's: that is the caller's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import anyio.to_thread
+from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.pool import StaticPool
+from sqlalchemy.sql import Executable
+
+from step_persistence.stores.sql.engines import WRITE_OPTION
+
+__all__ = ['AsyncExecutor', 'Executor', 'ThreadExecutor', 'Transaction']
+
+T = TypeVar('T')
+
+
+@dataclass(frozen=True, slots=True)
+class Transaction:
+    """A synchronous connection inside one operation's transaction, and the options of every statement."""
+
+    connection: Connection
+    options: Mapping[str, Any]
+    """Execution options for each statement (a PostgreSQL schema's `schema_translate_map`)."""
+
+    def execute(self, statement: Executable, parameters: Any = None) -> Any:
+        """Run `statement` (with `parameters`: a dict, or a list of dicts for many rows); its `CursorResult`."""
+        return self.connection.execute(statement, parameters, execution_options=self.options)
+
+
+Operation = Callable[[Transaction], T]
+
+
+class Executor(Protocol):
+    """Runs operations in transactions of one database."""
+
+    async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
+        """`operation` in one transaction (writing: SQLite `BEGIN IMMEDIATE`), committed if it returns."""
+        ...
+
+    async def dispose(self) -> None:
+        """Close the engine's pooled connections."""
+        ...
+
+
+class ThreadExecutor:
+    """Whole transactions on a synchronous SQLite engine, one worker-thread call each."""
+
+    def __init__(self, engine: Engine, *, threads: int) -> None:
+        self._engine = engine
+        self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
+        self._threads = anyio.CapacityLimiter(threads)
+        single_connection = isinstance(engine.pool, StaticPool)
+        self._serial = asyncio.Lock() if single_connection else None
+        """Held for every operation when there is only one connection to share."""
+        self._writer = asyncio.Lock()
+        """This process's writers queue here rather than in SQLite's busy handler."""
+
+    async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
+        lock = self._serial or (self._writer if write else None)
+        engine = self._write_engine if write else self._engine
+        async with lock or contextlib.nullcontext():
+            return await anyio.to_thread.run_sync(_in_transaction, engine, operation, options, limiter=self._threads)
+
+    async def dispose(self) -> None:
+        await anyio.to_thread.run_sync(self._engine.dispose, limiter=self._threads)
+
+
+def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[str, Any]) -> T:
+    with engine.connect() as connection, connection.begin():
+        return operation(Transaction(connection, options))
+
+
+class AsyncExecutor:
+    """Transactions on an `AsyncEngine`, or statements in the transaction of a caller's `AsyncConnection`."""
+
+    def __init__(self, bind: AsyncEngine | AsyncConnection) -> None:
+        self._bind = bind
+        engine = bind if isinstance(bind, AsyncEngine) else None
+        single_connection = engine is None or isinstance(engine.pool, StaticPool)
+        self._serial = asyncio.Lock() if single_connection else None
+        """Held for every operation when there is only one connection to share."""
+        self._writer = asyncio.Lock() if bind.dialect.name == 'sqlite' and not single_connection else None
+        """SQLite admits one writer at a time: this process's writers queue here."""
+
+    async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
+        def in_transaction(connection: Connection) -> T:
+            return operation(Transaction(connection, options))
+
+        writer = self._writer if write else None
+        async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
+            if isinstance(self._bind, AsyncConnection):
+                return await self._bind.run_sync(in_transaction)
+            async with self._bind.connect() as connection, connection.begin():
+                return await connection.run_sync(in_transaction)
+
+    async def dispose(self) -> None:
+        if isinstance(self._bind, AsyncEngine):
+            await self._bind.dispose()

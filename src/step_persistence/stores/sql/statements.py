@@ -1,0 +1,99 @@
+"""The write statements of the SQL store, built once per dialect with bound parameters.
+
+Building a SQLAlchemy statement costs more than executing a cached one, so the statements of
+the hot paths are built when a store is created and executed with a dict of values each time.
+Uniqueness is left to constraints (`INSERT ... ON CONFLICT`); events, tool effects and snapshot
+keys are inserted with `INSERT ... SELECT ... FROM runs WHERE run_id = :run`, so a write for an
+unregistered run inserts nothing (and the caller raises `LookupError`) without depending on
+foreign-key enforcement or aborting a caller's PostgreSQL transaction with a constraint error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Table, bindparam, delete, func, select, update
+from sqlalchemy.sql import Delete, Insert, Select, Update
+from sqlalchemy.sql.dml import ReturningInsert
+
+from step_persistence.stores.sql import rows
+from step_persistence.stores.sql.dialects import DialectInsert, dialect_insert
+from step_persistence.stores.sql.rows import RUN_KEY
+from step_persistence.stores.sql.schema import events, runs, snapshot_keys, snapshots, tool_effects
+
+__all__ = ['WriteStatements']
+
+
+def _from_run(insert: Any, table: Table, names: tuple[str, ...]) -> DialectInsert:
+    """`INSERT INTO table (names) SELECT runs.run_id, :name... FROM runs WHERE runs.run_id = :run`."""
+    columns = (
+        runs.c.run_id if name == 'run_id' else bindparam(name, type_=table.c[name].type).label(name) for name in names
+    )
+    source = select(*columns).where(runs.c.run_id == bindparam(RUN_KEY))
+    statement: DialectInsert = insert(table).from_select(list(names), source)
+    return statement
+
+
+@dataclass(frozen=True)
+class WriteStatements:
+    """Every statement the store's write operations execute, for one dialect."""
+
+    register_run: ReturningInsert[Any]
+    """Values `rows.run_values`; returns the new row's `id`, or nothing for a duplicate `run_id`."""
+    append_event: DialectInsert
+    """Values `rows.event_values` without `run_id`, and `run`; a repeated idempotency key inserts nothing."""
+    record_tool_effect: DialectInsert
+    """Values `rows.tool_effect_values` without `run_id`, and `run`; upserts by `(run_id, tool_call_id)`."""
+    claim_snapshot_key: DialectInsert
+    """Values `idempotency_key` and `run`; inserts nothing when the run already used the key."""
+    allocate_snapshot: Update
+    """Value `run`; returns the run's `id`, its new `last_snapshot_seq` and its `last_message_no`."""
+    insert_snapshot: Insert
+    """Values `rows.snapshot_values`."""
+    advance_messages: Update
+    """Values `pk` (the run's `id`) and `last_no`: the number of the run's newest message row."""
+    snapshot_states: Select[Any]
+    """Value `run`: `(seq, state)` of every snapshot of the run."""
+    prune_snapshots: Delete
+    """Values `run` and `seqs` (a list): deletes those snapshots of the run."""
+
+    @classmethod
+    def for_dialect(cls, dialect_name: str) -> WriteStatements:
+        insert = dialect_insert(dialect_name)
+        events_insert = _from_run(insert, events, rows.EVENT_FIELDS)
+        effects_insert = _from_run(insert, tool_effects, rows.TOOL_EFFECT_FIELDS)
+        excluded = effects_insert.excluded
+        return cls(
+            register_run=insert(runs).on_conflict_do_nothing(index_elements=[runs.c.run_id]).returning(runs.c.id),
+            append_event=events_insert.on_conflict_do_nothing(
+                index_elements=[events.c.run_id, events.c.idempotency_key],
+                index_where=events.c.idempotency_key.is_not(None),
+            ),
+            record_tool_effect=effects_insert.on_conflict_do_update(
+                index_elements=[tool_effects.c.run_id, tool_effects.c.tool_call_id],
+                set_={
+                    'tool_name': excluded.tool_name,
+                    'status': excluded.status,
+                    'started_at': excluded.started_at,
+                    'ended_at': excluded.ended_at,
+                    'idempotency_key': func.coalesce(excluded.idempotency_key, tool_effects.c.idempotency_key),
+                    'effect_summary': func.coalesce(excluded.effect_summary, tool_effects.c.effect_summary),
+                },
+            ),
+            claim_snapshot_key=_from_run(insert, snapshot_keys, ('run_id', 'idempotency_key')).on_conflict_do_nothing(
+                index_elements=[snapshot_keys.c.run_id, snapshot_keys.c.idempotency_key]
+            ),
+            allocate_snapshot=update(runs)
+            .where(runs.c.run_id == bindparam(RUN_KEY))
+            .values(last_snapshot_seq=runs.c.last_snapshot_seq + 1)
+            .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no),
+            insert_snapshot=snapshots.insert(),
+            advance_messages=update(runs)
+            .where(runs.c.id == bindparam('pk'))
+            .values(last_message_no=bindparam('last_no')),
+            snapshot_states=select(snapshots.c.seq, snapshots.c.state).where(snapshots.c.run_id == bindparam(RUN_KEY)),
+            prune_snapshots=delete(snapshots).where(
+                snapshots.c.run_id == bindparam(RUN_KEY), snapshots.c.seq.in_(bindparam('seqs', expanding=True))
+            ),
+        )
