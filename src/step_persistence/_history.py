@@ -37,9 +37,7 @@ __all__ = [
     'decode_messages',
     'encode_message',
     'encode_messages',
-    'pack_refs',
     'tool_call_ids',
-    'unpack_refs',
 ]
 
 MESSAGE_ADAPTER: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(ModelMessage)
@@ -163,35 +161,3 @@ def changed_positions(digests: Sequence[str], latest: Sequence[str | None]) -> l
         changed.extend(compress(range(common), map(operator.ne, digests, latest)))
     changed.extend(range(common, len(digests)))
     return changed
-
-
-def pack_refs(numbers: Sequence[int]) -> list[list[int]]:
-    """Compress a list of message numbers into inclusive `[first, last]` runs of consecutive numbers.
-
-    A snapshot of an append-only history is one run, whatever its length, so storing a snapshot
-    as references to a run's messages costs O(1) instead of O(history).
-    """
-    ranges: list[list[int]] = []
-    for number in numbers:
-        if ranges and ranges[-1][1] + 1 == number:
-            ranges[-1][1] = number
-        else:
-            ranges.append([number, number])
-    return ranges
-
-
-def unpack_refs(ranges: Any) -> list[int]:
-    """Expand `pack_refs` output; raises `ValueError` for anything that is not a list of int pairs."""
-    if not isinstance(ranges, list):
-        raise ValueError(f'message references must be a list of [first, last] pairs, got {type(ranges).__name__}')
-    numbers: list[int] = []
-    for pair in ranges:
-        if (
-            not isinstance(pair, list)
-            or len(pair) != 2
-            or not all(isinstance(n, int) and not isinstance(n, bool) for n in pair)
-            or pair[0] > pair[1]
-        ):
-            raise ValueError(f'malformed message reference range {pair!r}')
-        numbers.extend(range(pair[0], pair[1] + 1))
-    return numbers

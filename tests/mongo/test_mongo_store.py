@@ -133,7 +133,7 @@ async def test_timestamps_are_dates_plus_microseconds(scratch: Scratch) -> None:
     assert run is not None and run.started_at == started
 
 
-async def test_each_message_is_stored_once_and_snapshots_refer_to_ranges(scratch: Scratch) -> None:
+async def test_each_message_is_stored_once_and_snapshots_name_their_history_in_two_numbers(scratch: Scratch) -> None:
     database = scratch.fresh_database()
     store = store_in(scratch, database, media_store=None)
     for run_id in ('one', 'two'):
@@ -144,8 +144,11 @@ async def test_each_message_is_stored_once_and_snapshots_refer_to_ranges(scratch
     messages = scratch.client[database]['messages']
     assert await messages.count_documents({'run_id': 'one'}) == len(sample_history(4))
     assert await messages.count_documents({'run_id': 'two'}) == len(sample_history(1))
-    refs = [document['messages'] async for document in scratch.client[database]['snapshots'].find({'run_id': 'one'})]
-    assert refs == [[[1, 1 + 2 * turns]] for turns in range(1, 5)]
+    found = scratch.client[database]['snapshots'].find(
+        {'run_id': 'one'}, {'_id': 0, 'history_length': 1, 'through_message': 1}
+    )
+    histories = [(document['history_length'], document['through_message']) async for document in found]
+    assert histories == [(1 + 2 * turns, 1 + 2 * turns) for turns in range(1, 5)]
     assert [len(s.messages) for s in await store.list_snapshots(run_id='one')] == [3, 5, 7, 9]
 
 
@@ -245,7 +248,7 @@ async def test_damaged_documents_are_skipped_and_logged(scratch: Scratch, caplog
 
     await db['runs'].update_one({'_id': 'bad'}, {'$set': {'started_at': 'yesterday'}})
     await db['events'].update_one({'run_id': 'good', 'seq': 1}, {'$set': {'kind': 'exploded'}})
-    await db['snapshots'].update_one({'run_id': 'good', 'seq': 3}, {'$set': {'messages': 'nonsense'}})
+    await db['snapshots'].update_one({'run_id': 'good', 'seq': 3}, {'$set': {'through_message': 'nonsense'}})
     await db['messages'].update_one({'run_id': 'good', 'no': 5}, {'$set': {'body': '{not json'}})
     await db['tool_effects'].update_one({'tool_call_id': 'b'}, {'$set': {'status': 'maybe'}})
 
@@ -267,6 +270,6 @@ async def test_latest_snapshot_falls_back_past_a_page_of_unreadable_ones(scratch
     await store.register_run(RunRecord(run_id='deep'))
     for turns in range(1, 8):
         await store.save_snapshot(snapshot('deep', turns))
-    await scratch.client[database]['snapshots'].update_many({'seq': {'$gte': 3}}, {'$set': {'messages': [[0, 1]]}})
+    await scratch.client[database]['snapshots'].update_many({'seq': {'$gte': 3}}, {'$set': {'history_length': 'three'}})
     latest = await store.latest_snapshot(run_id='deep')
     assert latest is not None and latest.seq == 2

@@ -4,7 +4,8 @@ Both stores of this package (`MongoStepStore`, `MongoMediaStore`) take either a 
 caller owns or a URL from which they build (and later close) their own. Only asynchronous
 clients are accepted, so no call blocks the event loop: pymongo's `AsyncMongoClient` (the
 maintained driver) and motor's `AsyncIOMotorClient` (deprecated upstream, still common). Both
-expose the same awaitable collection API; this module hands out handles typed as pymongo's.
+expose the same awaitable collection API (except `aggregate`: use `aggregate_all`); this module
+hands out handles typed as pymongo's.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from pymongo.write_concern import WriteConcern
 if TYPE_CHECKING:
     from motor.motor_asyncio import AsyncIOMotorClient
 
-__all__ = ['CODEC_OPTIONS', 'Database', 'MongoClientLike', 'MongoConnection', 'insert_new', 'upsert']
+__all__ = ['CODEC_OPTIONS', 'Database', 'MongoClientLike', 'MongoConnection', 'aggregate_all', 'insert_new', 'upsert']
 
 T = TypeVar('T')
 
@@ -126,3 +127,16 @@ async def insert_new(collection: AsyncCollection[dict[str, Any]], documents: lis
         failures = error.details.get('writeErrors', [])
         if error.details.get('writeConcernErrors') or any(failure.get('code') != 11000 for failure in failures):
             raise
+
+
+async def aggregate_all(
+    collection: AsyncCollection[dict[str, Any]], pipeline: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Every result of an aggregation, through either driver (pymongo awaits `aggregate`, motor does not).
+
+    Stages may spill to disk (`allowDiskUse`; servers that do not allow it ignore the option).
+    """
+    cursor: Any = collection.aggregate(pipeline, allowDiskUse=True)
+    if inspect.isawaitable(cursor):
+        cursor = await cursor
+    return cast(list[dict[str, Any]], await cursor.to_list(None))

@@ -1,7 +1,7 @@
 """Sequence numbers from the `counters` collection, allocated with atomic `$inc`.
 
-Each run has its own document (`_id` = run id) holding its last snapshot, event and message
-numbers, so writers of different runs never contend on one document; it also records the run's
+Each run has its own document (`_id` = run id) holding its last snapshot and event numbers, so
+writers of different runs never contend on one document; it also records the run's
 `registration`, which tells a run apart from an earlier one registered under the same id. One
 store-wide document (`_id` = `{'sequence': 'registrations'}`, which no run id can equal) numbers
 registrations, to order runs that started at the same instant.
@@ -57,6 +57,12 @@ class Counters:
         await upsert(
             partial(self._counters.update_one, {'_id': run_id}, {'$set': {'registration': registration}}, upsert=True)
         )
+
+    async def registration(self, run_id: str) -> int | None:
+        """The run's `registration` as its counters record it (`None` if it has no counters document)."""
+        document = await self._counters.find_one({'_id': run_id}, {'registration': 1})
+        registration = None if document is None else document.get('registration')
+        return registration if isinstance(registration, int) and not isinstance(registration, bool) else None
 
     async def allocate(self, run_id: str, **increments: int) -> Allocation:
         """Add `increments` to the run's counters and return them.

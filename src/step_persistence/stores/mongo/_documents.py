@@ -157,16 +157,30 @@ def event_from_document(document: Mapping[str, Any]) -> StepEvent:
 _SNAPSHOT_FIELDS = ('step_index', 'conversation_id', 'parent_run_id', 'agent_name', 'state', 'idempotency_key')
 
 
-def snapshot_document(snapshot: ContinuableSnapshot, *, seq: int, message_refs: list[list[int]]) -> dict[str, Any]:
-    """The `snapshots` document: header fields and `messages`, packed references to the run's messages."""
+def snapshot_document(
+    snapshot: ContinuableSnapshot, *, seq: int, history_length: int, through_message: int
+) -> dict[str, Any]:
+    """The `snapshots` document: header fields and the history as `history_length` + `through_message`.
+
+    Message `i` of the history is the run's message document at position `i` with the largest
+    number not above `through_message`.
+    """
     document: dict[str, Any] = {'run_id': snapshot.run_id, 'seq': seq}
     document.update({name: getattr(snapshot, name) for name in _SNAPSHOT_FIELDS})
-    document['messages'] = message_refs
+    document['history_length'] = history_length
+    document['through_message'] = through_message
     return with_time(document, 'timestamp', snapshot.timestamp)
 
 
-def snapshot_from_document(document: Mapping[str, Any]) -> tuple[ContinuableSnapshot, Any]:
-    """The snapshot without its messages, and its (not yet checked) message references."""
+def _count(document: Mapping[str, Any], name: str) -> int:
+    value = document.get(name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f'{name} must be a non-negative integer, got {value!r}')
+    return value
+
+
+def snapshot_from_document(document: Mapping[str, Any]) -> tuple[ContinuableSnapshot, int, int]:
+    """The snapshot without its messages, its `history_length` and its `through_message`."""
     header = ContinuableSnapshot.model_validate(
         {
             'run_id': document['run_id'],
@@ -176,7 +190,7 @@ def snapshot_from_document(document: Mapping[str, Any]) -> tuple[ContinuableSnap
             'messages': [],
         }
     )
-    return header, document['messages']
+    return header, _count(document, 'history_length'), _count(document, 'through_message')
 
 
 def tool_effect_update(record: ToolEffectRecord) -> dict[str, Any]:

@@ -4,24 +4,33 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
-from typing import Final
+from typing import Any, Final
 
-from pymongo import ASCENDING, IndexModel
+from pymongo import ASCENDING, DESCENDING, IndexModel
 from pymongo.errors import DuplicateKeyError, OperationFailure
 
 from step_persistence.stores.mongo._client import Database
 
 __all__ = [
     'IDEMPOTENCY_INDEX',
+    'MESSAGE_NUMBER_INDEX',
     'STEP_INDEXES',
+    'TOOL_CALL_INDEX',
     'IndexCreationError',
     'IndexSetup',
     'chunk_indexes',
+    'is_duplicate_on',
     'is_idempotency_conflict',
 ]
 
 IDEMPOTENCY_INDEX: Final = 'run_idempotency_key'
 """The unique partial index on `(run_id, idempotency_key)` of events and snapshots."""
+
+MESSAGE_NUMBER_INDEX: Final = 'run_no'
+"""The unique index on `(run_id, no)` of messages: inserting a message document claims its number."""
+
+TOOL_CALL_INDEX: Final = 'run_tool_call'
+"""The unique index on `(run_id, tool_call_id)` of tool effects."""
 
 
 def _on(*fields: str) -> list[tuple[str, int]]:
@@ -50,12 +59,12 @@ STEP_INDEXES: Final[Mapping[str, Sequence[IndexModel]]] = {
         _idempotency(),
     ],
     'tool_effects': [
-        IndexModel(_on('run_id', 'tool_call_id'), name='run_tool_call', unique=True),
+        IndexModel(_on('run_id', 'tool_call_id'), name=TOOL_CALL_INDEX, unique=True),
         IndexModel(_on('run_id', 'status'), name='run_status'),
     ],
     'messages': [
-        IndexModel(_on('run_id', 'no'), name='run_no', unique=True),
-        IndexModel(_on('run_id', 'digest'), name='run_digest', unique=True),
+        IndexModel(_on('run_id', 'no'), name=MESSAGE_NUMBER_INDEX, unique=True),
+        IndexModel([('run_id', ASCENDING), ('position', ASCENDING), ('no', DESCENDING)], name='run_position_no'),
     ],
 }
 """Per collection of `MongoStepStore`, the indexes it creates (`counters` needs only `_id`)."""
@@ -70,13 +79,20 @@ class IndexCreationError(RuntimeError):
     """An index could not be created: existing documents violate it, or it clashes with another index."""
 
 
-def is_idempotency_conflict(error: DuplicateKeyError) -> bool:
-    """Whether a duplicate-key error comes from the idempotency-key index (and not from another one)."""
-    details = error.details or {}
-    pattern = details.get('keyPattern')
+def is_duplicate_on(failure: Mapping[str, Any], index: str, fields: Sequence[str]) -> bool:
+    """Whether a write error (`DuplicateKeyError.details` or one of a bulk write's `writeErrors`)
+    is a duplicate key on the unique index `index` over `fields` (and not on another index)."""
+    if failure.get('code') != 11000:
+        return False
+    pattern = failure.get('keyPattern')
     if isinstance(pattern, Mapping):
-        return 'idempotency_key' in pattern
-    return f'index: {IDEMPOTENCY_INDEX} ' in str(details.get('errmsg', error))
+        return list(pattern) == list(fields)
+    return f'index: {index} ' in str(failure.get('errmsg', ''))
+
+
+def is_idempotency_conflict(failure: Mapping[str, Any]) -> bool:
+    """Whether a write error is a duplicate on the idempotency-key index of events or snapshots."""
+    return is_duplicate_on(failure, IDEMPOTENCY_INDEX, ('run_id', 'idempotency_key'))
 
 
 class IndexSetup:

@@ -1,32 +1,33 @@
-"""The `messages` collection: each distinct message of a run stored once, under a per-run number.
+"""The `messages` collection: one document per stored version of each position of a run's history.
 
-A message document is `{run_id, no, digest, body, externalized}`: `digest` is the SHA-256 of the
-message's JSON (unique per run), `body` the JSON text as persisted: the message's own JSON, or,
-when `externalized`, that JSON with its large parts moved to the media store. Snapshots refer to
-messages by number, so saving a snapshot of a history that grew by two messages writes two
-message documents.
+A message document is `{run_id, no, position, digest, body, externalized}`: number `no` (per run,
+1, 2, 3, ...) holds a version of the message at `position` of the run's history. `digest` is the
+SHA-256 of the message's JSON, `body` the JSON text as persisted: the message's own JSON, or,
+when `externalized`, that JSON with its large parts moved to the media store. A snapshot names
+its history with `history_length` and `through_message`: message `i` is the document at position
+`i` with the largest number not above `through_message` (see `_histories.py` for writing).
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import Any, Final
 
+from pydantic_ai.messages import ModelMessage
+from pymongo import ASCENDING
 from pymongo.errors import BulkWriteError
 
-from step_persistence._history import EncodedMessage, pack_refs
-from step_persistence.stores._media import MessageMedia
-from step_persistence.stores.mongo._client import Database
+from step_persistence._history import EncodedMessage, decode_messages
+from step_persistence.stores._media import MessageMedia, PackedMessage
+from step_persistence.stores.mongo._client import Database, aggregate_all
+from step_persistence.stores.mongo._heads import RunHead
+from step_persistence.stores.mongo._indexes import MESSAGE_NUMBER_INDEX, is_duplicate_on
 from step_persistence.stores.mongo._limits import check_document_size
 
-__all__ = ['LoadedMessages', 'MessageStore', 'PreparedMessage']
-
-_IN_CHUNK: Final = 1000
-"""Largest number of values in one `$in` (or `$or`) list."""
+__all__ = ['MessageStore', 'message_document']
 
 _WIDEST_NUMBER: Final = 2**62
-"""A message number as wide as any real one in BSON, for measuring a document before numbering it."""
+"""A number as wide as any real one in BSON, for measuring a document before numbering it."""
 
 _TOO_LARGE_HINT: Final = (
     ': payloads at or above media_threshold_bytes go to the media store, so this message holds '
@@ -34,29 +35,24 @@ _TOO_LARGE_HINT: Final = (
 )
 
 
-@dataclass(frozen=True)
-class PreparedMessage:
-    """A new message as it will be stored, checked against the document size limit."""
+def message_document(run_id: str, *, no: int, position: int, digest: str, packed: PackedMessage) -> dict[str, Any]:
+    """The document storing `packed` (a message whose digest is `digest`) as number `no` at `position`."""
+    return {
+        'run_id': run_id,
+        'no': no,
+        'position': position,
+        'digest': digest,
+        'body': packed.data.decode('utf-8'),
+        'externalized': packed.externalized,
+    }
 
-    digest: str
-    body: str
-    externalized: bool
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-@dataclass
-class LoadedMessages:
-    """Message trees by number, and the messages that could not be read, by number."""
-
-    trees: dict[int, Any] = field(default_factory=dict[int, Any])
-    errors: dict[int, Exception] = field(default_factory=dict[int, Exception])
-
-    def tree(self, number: int) -> Any:
-        """The tree of message `number`; raises why it is unreadable, or `KeyError` if it is missing."""
-        if number in self.errors:
-            raise self.errors[number]
-        if number not in self.trees:
-            raise KeyError(f'message {number} is missing')
-        return self.trees[number]
+def _string(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
 
 
 class MessageStore:
@@ -66,79 +62,77 @@ class MessageStore:
         self._collection = database['messages']
         self._media = media
 
-    async def numbers(self, run_id: str, digests: Sequence[str]) -> dict[str, int]:
-        """The numbers of those of `digests` that the run has stored."""
-        found: dict[str, int] = {}
-        for start in range(0, len(digests), _IN_CHUNK):
-            query = {'run_id': run_id, 'digest': {'$in': list(digests[start : start + _IN_CHUNK])}}
-            async for document in self._collection.find(query, {'digest': 1, 'no': 1}):
-                found[document['digest']] = document['no']
-        return found
+    async def pack(self, run_id: str, message: EncodedMessage) -> PackedMessage:
+        """The message as it will be stored (payloads moved to the media store); `ValueError` if over 16 MiB."""
+        packed = await self._media.pack_message(message)
+        check_document_size(
+            message_document(run_id, no=_WIDEST_NUMBER, position=_WIDEST_NUMBER, digest=message.digest, packed=packed),
+            what=f'message {message.digest[:12]}',
+            run_id=run_id,
+            hint=_TOO_LARGE_HINT,
+        )
+        return packed
 
-    async def prepare(self, run_id: str, fresh: Sequence[EncodedMessage]) -> list[PreparedMessage]:
-        """Move large parts of new messages to the media store; `ValueError` if one would still exceed 16 MiB."""
-        prepared: list[PreparedMessage] = []
-        for message in fresh:
-            packed = await self._media.pack_message(message)
-            item = PreparedMessage(
-                digest=message.digest, body=packed.data.decode('utf-8'), externalized=packed.externalized
-            )
-            check_document_size(
-                self._document(run_id, item, _WIDEST_NUMBER),
-                what=f'message {message.digest[:12]}',
-                run_id=run_id,
-                hint=_TOO_LARGE_HINT,
-            )
-            prepared.append(item)
-        return prepared
+    async def catch_up(self, run_id: str, head: RunHead) -> None:
+        """Add to `head` the run's documents numbered above `head.last_no` (numbers, positions, digests only)."""
+        cursor = self._collection.find(
+            {'run_id': run_id, 'no': {'$gt': head.last_no}}, {'_id': 0, 'no': 1, 'position': 1, 'digest': 1}
+        ).sort('no', ASCENDING)
+        rows = [
+            (number, _integer(document.get('position')), _string(document.get('digest')))
+            async for document in cursor
+            if (number := _integer(document.get('no'))) is not None
+        ]
+        head.apply(rows)
 
-    @staticmethod
-    def _document(run_id: str, message: PreparedMessage, number: int) -> dict[str, Any]:
-        return {
-            'run_id': run_id,
-            'no': number,
-            'digest': message.digest,
-            'body': message.body,
-            'externalized': message.externalized,
-        }
+    async def insert(self, documents: Sequence[dict[str, Any]]) -> int:
+        """Insert `documents` (numbered consecutively) in order; return how many were inserted.
 
-    async def insert(self, run_id: str, prepared: Sequence[PreparedMessage], *, first_no: int) -> dict[str, int]:
-        """Store new messages numbered from `first_no`; return every one's number.
-
-        A message another writer stored meanwhile keeps that writer's number.
+        Fewer than all means that the next number was already taken by another writer: the
+        documents from there on were not inserted. Any other failure is raised.
         """
-        if not prepared:
-            return {}
-        documents = [self._document(run_id, message, first_no + offset) for offset, message in enumerate(prepared)]
-        numbers = {document['digest']: document['no'] for document in documents}
+        if not documents:
+            return 0
         try:
-            await self._collection.insert_many(documents, ordered=False)
+            await self._collection.insert_many(list(documents), ordered=True)
         except BulkWriteError as error:
             failures = error.details.get('writeErrors', [])
-            if error.details.get('writeConcernErrors') or any(failure.get('code') != 11000 for failure in failures):
+            if error.details.get('writeConcernErrors') or not failures:
                 raise
-            taken = [documents[failure['index']]['digest'] for failure in failures]
-            stored = await self.numbers(run_id, taken)
-            if len(stored) != len(taken):
-                raise RuntimeError(f'message numbers of run {run_id!r} collided: {error.details}') from error
-            numbers.update(stored)
-        return numbers
+            if not is_duplicate_on(failures[0], MESSAGE_NUMBER_INDEX, ('run_id', 'no')):
+                raise
+            return int(failures[0]['index'])
+        return len(documents)
 
-    async def load(self, run_id: str, numbers: Collection[int]) -> LoadedMessages:
-        """Read the messages with these numbers, restoring their media; failures are kept per message."""
-        loaded = LoadedMessages()
-        ranges = pack_refs(sorted(numbers))
-        for start in range(0, len(ranges), _IN_CHUNK):
-            spans = [{'no': {'$gte': first, '$lte': last}} for first, last in ranges[start : start + _IN_CHUNK]]
-            async for document in self._collection.find({'run_id': run_id, '$or': spans}):
-                number = document.get('no')
-                if not isinstance(number, int):
-                    continue
-                try:
-                    loaded.trees[number] = await self._tree(document)
-                except Exception as error:
-                    loaded.errors[number] = error
-        return loaded
+    async def history(self, run_id: str, *, length: int, through: int) -> list[ModelMessage]:
+        """The `length` messages of a history as of message number `through`, read with one aggregation.
+
+        Raises `ValueError` when a position has no document (damaged or removed documents) or a
+        body is not a message, and whatever the media store raises for a missing or corrupt blob.
+        """
+        if length == 0:
+            return []
+        found = await aggregate_all(
+            self._collection,
+            [
+                {'$match': {'run_id': run_id, 'position': {'$gte': 0, '$lt': length}, 'no': {'$lte': through}}},
+                {'$sort': {'position': 1, 'no': -1}},
+                {
+                    '$group': {
+                        '_id': '$position',
+                        'no': {'$first': '$no'},
+                        'body': {'$first': '$body'},
+                        'externalized': {'$first': '$externalized'},
+                    }
+                },
+                {'$sort': {'_id': 1}},
+            ],
+        )
+        positions = [document['_id'] for document in found]
+        if positions != list(range(length)):
+            missing = sorted(set(range(length)) - set(positions))
+            raise ValueError(f'no stored message at positions {missing[:10]} up to number {through}')
+        return decode_messages([await self._tree(document) for document in found])
 
     async def _tree(self, document: dict[str, Any]) -> Any:
         body, externalized = document.get('body'), document.get('externalized')

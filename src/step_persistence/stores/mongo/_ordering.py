@@ -6,13 +6,15 @@ different pooled connections and could reach the server in either order. Each ru
 therefore take turns, first come first served (the `RunTurns` the file store uses too). A write,
 once called, also runs to completion even if its caller is cancelled meanwhile: cancelling the
 caller mid-round-trip would otherwise leave it unknown whether the write happened, and would let
-the next call on the run overtake it.
+the next call on the run overtake it. A batch touching several runs takes their turns in sorted
+order, so batches never wait on each other in a cycle.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 from step_persistence._reading import logger
@@ -45,9 +47,9 @@ class RunOrder:
         async with self._turns.turn(run_id):
             return await operation()
 
-    async def write(self, run_id: str, operation: Callable[[], Awaitable[T]]) -> T:
-        """Like `read`, but the operation goes on (in its turn) if the caller is cancelled."""
-        task = asyncio.ensure_future(self.read(run_id, operation))
+    async def write(self, run_ids: Iterable[str], operation: Callable[[], Awaitable[T]]) -> T:
+        """`await operation()` in the turn of every run in `run_ids`; it goes on if the caller is cancelled."""
+        task = asyncio.ensure_future(self._in_turns(sorted(set(run_ids)), operation))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
         task.add_done_callback(_retrieve)
@@ -56,6 +58,12 @@ class RunOrder:
         except asyncio.CancelledError:
             task.add_done_callback(_log_orphaned_failure)
             raise
+
+    async def _in_turns(self, run_ids: list[str], operation: Callable[[], Awaitable[T]]) -> T:
+        async with AsyncExitStack() as turns:
+            for run_id in run_ids:
+                await turns.enter_async_context(self._turns.turn(run_id))
+            return await operation()
 
     async def drain(self) -> None:
         """Wait for every write still running (for example one whose caller was cancelled)."""

@@ -15,42 +15,33 @@ from typing import Any, Final, Self
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError
 
-from step_persistence._history import decode_messages, pack_refs, unpack_refs
-from step_persistence._reading import read_or_skip
+from step_persistence._reading import read_or_skip, read_or_skip_async
 from step_persistence.media.protocol import MediaStore
 from step_persistence.media.walker import DEFAULT_THRESHOLD_BYTES
-from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
-from step_persistence.retention import retained_seqs, validate_max_snapshots
+from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, StepWrites, ToolEffectRecord
+from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import MediaSetting, MessageMedia
-from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection, upsert
+from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
 from step_persistence.stores.mongo._counters import Counters
 from step_persistence.stores.mongo._documents import (
-    event_document,
     event_from_document,
     run_document,
     run_from_document,
-    snapshot_document,
     snapshot_from_document,
     tool_effect_from_document,
-    tool_effect_update,
 )
-from step_persistence.stores.mongo._indexes import STEP_INDEXES, IndexSetup, is_idempotency_conflict
+from step_persistence.stores.mongo._heads import RunHead
+from step_persistence.stores.mongo._indexes import STEP_INDEXES, IndexSetup
 from step_persistence.stores.mongo._known_runs import KnownRuns
 from step_persistence.stores.mongo._limits import check_document_size
-from step_persistence.stores.mongo._messages import LoadedMessages, MessageStore
+from step_persistence.stores.mongo._messages import MessageStore
 from step_persistence.stores.mongo._ordering import RunOrder
+from step_persistence.stores.mongo._writes import RunWriter, RunWrites, by_run
 
 __all__ = ['MongoStepStore']
 
 _LATEST_PAGE: Final = 4
 """How many snapshot headers `latest_snapshot` reads at a time while skipping unreadable ones."""
-
-_PRUNED: Final = {'$set': {'pruned': True}, '$unset': {'state': '', 'messages': ''}}
-"""Turns a pruned snapshot that has an idempotency key into a tombstone that keeps the key used."""
-
-
-class _StaleMessageNumbers(Exception):
-    """The cached message numbers belong to an earlier run registered under the same run id."""
 
 
 class MongoStepStore:
@@ -65,7 +56,8 @@ class MongoStepStore:
     inline. A message, run, event or tool effect that would exceed MongoDB's 16 MiB document
     limit raises `ValueError` naming the limit and the run, and nothing of it is written. Calls on
     one run take effect in the order they were made; a write completes even if its caller is
-    cancelled, and `aclose()` waits for it.
+    cancelled, and `aclose()` waits for it. `write_batch` applies several writes in a few round
+    trips (see docs/mongo.md).
     """
 
     def __init__(
@@ -94,6 +86,13 @@ class MongoStepStore:
         self._effects = self._db['tool_effects']
         self._known_runs = KnownRuns()
         self._order = RunOrder()
+        self._writer = RunWriter(
+            self._db,
+            counters=self._counters,
+            messages=self._messages,
+            known_runs=self._known_runs,
+            max_snapshots_per_run=self.max_snapshots_per_run,
+        )
 
     def _default_media_store(self) -> MediaStore:
         # Imported here: the media module builds on this package's client helpers.
@@ -116,7 +115,7 @@ class MongoStepStore:
     # --- runs ---
 
     async def register_run(self, record: RunRecord) -> None:
-        await self._order.write(record.run_id, partial(self._register_run, record))
+        await self._order.write([record.run_id], partial(self._register_run, record))
 
     async def _register_run(self, record: RunRecord) -> None:
         await self._indexes.ensure()
@@ -127,7 +126,7 @@ class MongoStepStore:
         except DuplicateKeyError:
             raise ValueError(f'run {record.run_id!r} is already registered') from None
         await self._counters.start_run(record.run_id, registration)
-        self._known_runs.remember(record.run_id, registration, {})
+        self._known_runs.remember(record.run_id, RunHead(registration=registration))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         document = await self._order.read(run_id, partial(self._runs.find_one, {'_id': run_id}))
@@ -148,27 +147,31 @@ class MongoStepStore:
         ]
         return [record for record in records if record is not None]
 
-    async def _require_run(self, run_id: str) -> None:
-        if self._known_runs.knows(run_id):
+    # --- writes ---
+
+    async def write_batch(self, writes: StepWrites) -> None:
+        """Apply tool effects, then events, then snapshots, as the individual calls would, in a few round trips.
+
+        Not atomic (no transactions): everything is checked before the first write, and a failure
+        afterwards leaves the writes before it in place, as the individual calls would.
+        """
+        if writes.is_empty():
             return
-        if await self._runs.find_one({'_id': run_id}, {'_id': 1}) is None:
-            raise LookupError(f'run {run_id!r} is not registered')
-        self._known_runs.add(run_id)
+        runs = by_run(writes)
+        await self._order.write(runs, partial(self._write, runs))
+
+    async def _write(self, runs: dict[str, RunWrites]) -> None:
+        await self._indexes.ensure()
+        for run_id, writes in runs.items():
+            await self._writer.apply(run_id, writes)
+
+    async def _write_one(self, run_id: str, writes: RunWrites) -> None:
+        await self._order.write([run_id], partial(self._write, {run_id: writes}))
 
     # --- events ---
 
     async def append_event(self, event: StepEvent) -> None:
-        await self._order.write(event.run_id, partial(self._append_event, event))
-
-    async def _append_event(self, event: StepEvent) -> None:
-        await self._indexes.ensure()
-        check_document_size(event_document(event, seq=0), what='an event', run_id=event.run_id)
-        allocation = await self._counters.allocate(event.run_id, event=1)
-        try:
-            await self._events.insert_one(event_document(event, seq=allocation.last['event']))
-        except DuplicateKeyError as error:
-            if not is_idempotency_conflict(error):
-                raise
+        await self._write_one(event.run_id, RunWrites(events=[event]))
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         cursor = self._events.find({'run_id': run_id}).sort('seq', ASCENDING)
@@ -182,83 +185,21 @@ class MongoStepStore:
     # --- snapshots ---
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._order.write(snapshot.run_id, partial(self._save_new_snapshot, snapshot))
-
-    async def _save_new_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._indexes.ensure()
-        try:
-            await self._save_snapshot(snapshot, use_cache=True)
-        except _StaleMessageNumbers:
-            await self._save_snapshot(snapshot, use_cache=False)
-
-    async def _save_snapshot(self, snapshot: ContinuableSnapshot, *, use_cache: bool) -> None:
-        run_id = snapshot.run_id
-        encoded = snapshot.encoded_messages()
-        distinct = list({message.digest: message for message in encoded}.values())
-        known = self._known_runs.messages(run_id) if use_cache else None
-        if known is None:
-            stored = await self._messages.numbers(run_id, [message.digest for message in distinct])
-        else:
-            stored = known.numbers
-        fresh = await self._messages.prepare(run_id, [message for message in distinct if message.digest not in stored])
-        allocation = await self._counters.allocate(run_id, snapshot=1, message=len(fresh))
-        if known is not None and known.registration != allocation.registration:
-            raise _StaleMessageNumbers
-        added = await self._messages.insert(run_id, fresh, first_no=allocation.last['message'] - len(fresh) + 1)
-        numbers = {**stored, **added}
-        document = snapshot_document(
-            snapshot, seq=allocation.last['snapshot'], message_refs=pack_refs([numbers[m.digest] for m in encoded])
-        )
-        check_document_size(document, what=f'snapshot {allocation.last["snapshot"]}', run_id=run_id)
-        try:
-            await self._snapshots.insert_one(document)
-        except DuplicateKeyError as error:
-            if not is_idempotency_conflict(error):
-                raise
-        else:
-            if self.max_snapshots_per_run is not None:
-                await self._prune(run_id, self.max_snapshots_per_run)
-        self._known_runs.remember(run_id, allocation.registration, added if known is not None else numbers)
-
-    async def _prune(self, run_id: str, max_snapshots: int) -> None:
-        """Drop snapshots retention does not keep, among those visible now (never one not yet written).
-
-        A pruned snapshot with an idempotency key stays as a tombstone (no state, no messages), so
-        the key stays used.
-        """
-        live = [
-            (document['seq'], document['state'])
-            async for document in self._snapshots.find(
-                {'run_id': run_id, 'seq': {'$type': 'number'}, 'state': {'$ne': None}}, {'seq': 1, 'state': 1}
-            )
-        ]
-        keep = retained_seqs(live, max_snapshots)
-        dropped = [seq for seq, _ in live if seq not in keep]
-        if not dropped:
-            return
-        keyed = {'idempotency_key': {'$type': 'string'}}
-        await self._snapshots.update_many({'run_id': run_id, 'seq': {'$in': dropped}, **keyed}, _PRUNED)
-        await self._snapshots.delete_many({'run_id': run_id, 'seq': {'$in': dropped}, '$nor': [keyed]})
+        await self._write_one(snapshot.run_id, RunWrites(snapshots=[snapshot]))
 
     @staticmethod
     def _snapshot_query(run_id: str, include_interrupted: bool) -> dict[str, Any]:
         return {'run_id': run_id, 'state': {'$ne': None} if include_interrupted else 'complete'}
 
-    async def _materialize(self, run_id: str, documents: list[dict[str, Any]]) -> list[ContinuableSnapshot]:
-        """Snapshots for documents, in order, leaving out (and logging) any that cannot be read."""
-        parsed: list[tuple[ContinuableSnapshot, list[int]]] = []
-        for document in documents:
-            header = read_or_skip(
-                f'snapshot {document.get("seq")!r} of run {run_id!r}', partial(_parse_snapshot, document)
-            )
-            if header is not None:
-                parsed.append(header)
-        loaded = await self._messages.load(run_id, {number for _, numbers in parsed for number in numbers})
-        snapshots = (
-            read_or_skip(f'snapshot {header.seq} of run {run_id!r}', partial(_with_messages, header, numbers, loaded))
-            for header, numbers in parsed
-        )
-        return [snapshot for snapshot in snapshots if snapshot is not None]
+    async def _snapshot(self, run_id: str, document: dict[str, Any]) -> ContinuableSnapshot | None:
+        """The snapshot `document` stores, with its messages; `None` (logged) if it cannot be read."""
+
+        async def read() -> ContinuableSnapshot:
+            header, length, through = snapshot_from_document(document)
+            messages = await self._messages.history(run_id, length=length, through=through)
+            return header.model_copy(update={'messages': messages})
+
+        return await read_or_skip_async(f'snapshot {document.get("seq")!r} of run {run_id!r}', read)
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest readable matching snapshot; unreadable newer ones are skipped and logged."""
@@ -269,9 +210,9 @@ class MongoStepStore:
         while True:
             page = await self._snapshots.find(query).sort('seq', DESCENDING).limit(_LATEST_PAGE).to_list(None)
             for document in page:
-                found = await self._materialize(run_id, [document])
-                if found:
-                    return found[0]
+                snapshot = await self._snapshot(run_id, document)
+                if snapshot is not None:
+                    return snapshot
             oldest = page[-1].get('seq') if len(page) == _LATEST_PAGE else None
             if not isinstance(oldest, int):
                 return None
@@ -283,20 +224,13 @@ class MongoStepStore:
 
     async def _list_snapshots(self, run_id: str, include_interrupted: bool) -> list[ContinuableSnapshot]:
         cursor = self._snapshots.find(self._snapshot_query(run_id, include_interrupted)).sort('seq', ASCENDING)
-        return await self._materialize(run_id, await cursor.to_list(None))
+        snapshots = [await self._snapshot(run_id, document) for document in await cursor.to_list(None)]
+        return [snapshot for snapshot in snapshots if snapshot is not None]
 
     # --- tool effects ---
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        await self._order.write(record.run_id, partial(self._record_tool_effect, record))
-
-    async def _record_tool_effect(self, record: ToolEffectRecord) -> None:
-        await self._indexes.ensure()
-        fields = tool_effect_update(record)
-        check_document_size(fields, what=f'tool effect {record.tool_call_id!r}', run_id=record.run_id)
-        await self._require_run(record.run_id)
-        key = {'run_id': record.run_id, 'tool_call_id': record.tool_call_id}
-        await upsert(partial(self._effects.update_one, key, {'$set': fields}, upsert=True))
+        await self._write_one(record.run_id, RunWrites(tool_effects=[record]))
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         query = {'run_id': run_id, 'tool_call_id': tool_call_id}
@@ -324,7 +258,7 @@ class MongoStepStore:
 
     async def delete_run(self, *, run_id: str) -> None:
         """Remove the run's documents, its `runs` document last (so an interrupted delete can be redone)."""
-        await self._order.write(run_id, partial(self._delete_run, run_id))
+        await self._order.write([run_id], partial(self._delete_run, run_id))
 
     async def _delete_run(self, run_id: str) -> None:
         self._known_runs.discard(run_id)
@@ -352,13 +286,3 @@ class MongoStepStore:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
-
-
-def _parse_snapshot(document: dict[str, Any]) -> tuple[ContinuableSnapshot, list[int]]:
-    header, refs = snapshot_from_document(document)
-    return header, unpack_refs(refs)
-
-
-def _with_messages(header: ContinuableSnapshot, numbers: list[int], loaded: LoadedMessages) -> ContinuableSnapshot:
-    """`header` with its messages; raises when one is missing, unreadable or malformed."""
-    return header.model_copy(update={'messages': decode_messages([loaded.tree(number) for number in numbers])})

@@ -1,0 +1,242 @@
+"""Applying one run's writes: tool effects, then events, then snapshots, in a few round trips.
+
+Every write of `MongoStepStore` goes through `RunWriter.apply`, a single call being a batch of
+one. There are no transactions (a standalone server must work), so a batch is made to have
+exactly the effect of its calls in order by construction:
+
+1. Everything is checked first: every document against the 16 MiB limit, and the messages the
+   snapshots need are packed (payloads moved to the media store). A failure here writes nothing.
+2. One `$inc` on the run's counters document allocates every event and snapshot number at once
+   and proves the run is registered (a batch of tool effects alone checks the run once per store).
+3. Then one ordered `bulk_write` of tool-effect upserts, one `insert_many` of events, one of
+   message documents (more only if another writer took message numbers meanwhile), one of
+   snapshots, and retention once for the batch (the kept set is the same as after each save).
+
+Within a batch, a repeated idempotency key is dropped before writing (the later call would be a
+no-op), so unordered inserts cannot reorder which one lands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, TypeVar
+
+from pymongo import UpdateOne
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import BulkWriteError
+
+from step_persistence.records import ContinuableSnapshot, StepEvent, StepWrites, ToolEffectRecord
+from step_persistence.retention import retained_seqs
+from step_persistence.stores.mongo._client import Database
+from step_persistence.stores.mongo._counters import Allocation, Counters
+from step_persistence.stores.mongo._documents import event_document, snapshot_document, tool_effect_update
+from step_persistence.stores.mongo._heads import RunHead
+from step_persistence.stores.mongo._histories import HistoryWrite
+from step_persistence.stores.mongo._indexes import TOOL_CALL_INDEX, is_duplicate_on, is_idempotency_conflict
+from step_persistence.stores.mongo._known_runs import KnownRuns
+from step_persistence.stores.mongo._limits import check_document_size
+from step_persistence.stores.mongo._messages import MessageStore
+
+__all__ = ['RunWriter', 'RunWrites', 'by_run']
+
+_WIDEST_NUMBER: Final = 2**62
+"""A number as wide as any real one in BSON, for measuring a document before numbering it."""
+
+_PRUNED: Final = {'$set': {'pruned': True}, '$unset': {'state': '', 'history_length': '', 'through_message': ''}}
+"""Turns a pruned snapshot that has an idempotency key into a tombstone that keeps the key used."""
+
+_Keyed = TypeVar('_Keyed', StepEvent, ContinuableSnapshot)
+
+
+@dataclass
+class RunWrites:
+    """The writes of one run in a batch, each kind in call order."""
+
+    tool_effects: list[ToolEffectRecord] = field(default_factory=list[ToolEffectRecord])
+    events: list[StepEvent] = field(default_factory=list[StepEvent])
+    snapshots: list[ContinuableSnapshot] = field(default_factory=list[ContinuableSnapshot])
+
+
+def by_run(writes: StepWrites) -> dict[str, RunWrites]:
+    """`writes` split per run (in order of first appearance); each run's part keeps its call order."""
+    runs: dict[str, RunWrites] = {}
+    for effect in writes.tool_effects:
+        runs.setdefault(effect.run_id, RunWrites()).tool_effects.append(effect)
+    for event in writes.events:
+        runs.setdefault(event.run_id, RunWrites()).events.append(event)
+    for snapshot in writes.snapshots:
+        runs.setdefault(snapshot.run_id, RunWrites()).snapshots.append(snapshot)
+    return runs
+
+
+def _first_per_key(records: Sequence[_Keyed]) -> list[_Keyed]:
+    """`records` without those whose idempotency key an earlier one of them already has."""
+    seen: set[str] = set()
+    kept: list[_Keyed] = []
+    for record in records:
+        key = record.idempotency_key
+        if key is not None:
+            if key in seen:
+                continue
+            seen.add(key)
+        kept.append(record)
+    return kept
+
+
+async def _insert_keyed(collection: AsyncCollection[dict[str, Any]], documents: list[dict[str, Any]]) -> int:
+    """Insert documents that may repeat a stored idempotency key (those are skipped); return how many landed."""
+    if not documents:
+        return 0
+    try:
+        await collection.insert_many(documents, ordered=False)
+    except BulkWriteError as error:
+        failures = error.details.get('writeErrors', [])
+        if error.details.get('writeConcernErrors') or not all(map(is_idempotency_conflict, failures)):
+            raise
+        return len(documents) - len(failures)
+    return len(documents)
+
+
+class RunWriter:
+    """Applies `RunWrites` to one database (see the module docstring)."""
+
+    def __init__(
+        self,
+        database: Database,
+        *,
+        counters: Counters,
+        messages: MessageStore,
+        known_runs: KnownRuns,
+        max_snapshots_per_run: int | None,
+    ) -> None:
+        self._runs = database['runs']
+        self._events = database['events']
+        self._snapshots = database['snapshots']
+        self._effects = database['tool_effects']
+        self._counters = counters
+        self._messages = messages
+        self._known_runs = known_runs
+        self._max_snapshots = max_snapshots_per_run
+
+    async def apply(self, run_id: str, writes: RunWrites) -> None:
+        """Apply `writes` with the effect of `record_tool_effect`*, `append_event`*, `save_snapshot`* in order."""
+        events = _first_per_key(writes.events)
+        snapshots = _first_per_key(writes.snapshots)
+        effect_updates = [self._effect_update(record) for record in writes.tool_effects]
+        for event in events:
+            check_document_size(event_document(event, seq=_WIDEST_NUMBER), what='an event', run_id=run_id)
+        for snapshot in snapshots:
+            check_document_size(
+                snapshot_document(
+                    snapshot, seq=_WIDEST_NUMBER, history_length=_WIDEST_NUMBER, through_message=_WIDEST_NUMBER
+                ),
+                what='a snapshot',
+                run_id=run_id,
+            )
+        histories = HistoryWrite(self._messages, run_id, [snapshot.encoded_messages() for snapshot in snapshots])
+        head = await self._head(run_id) if snapshots else None
+        if head is not None:
+            await histories.prepare(head)
+
+        increments = {name: count for name, count in (('event', len(events)), ('snapshot', len(snapshots))) if count}
+        allocation = await self._counters.allocate(run_id, **increments) if increments else None
+        if allocation is None:
+            await self._require_run(run_id)
+        else:
+            self._known_runs.add(run_id)
+
+        await self._upsert_effects(effect_updates)
+        if allocation is not None and events:
+            first = allocation.last['event'] - len(events) + 1
+            await _insert_keyed(
+                self._events, [event_document(event, seq=first + index) for index, event in enumerate(events)]
+            )
+        if allocation is not None and head is not None:
+            await self._save_snapshots(run_id, snapshots, histories, head, allocation)
+
+    def _effect_update(self, record: ToolEffectRecord) -> UpdateOne:
+        fields = tool_effect_update(record)
+        check_document_size(fields, what=f'tool effect {record.tool_call_id!r}', run_id=record.run_id)
+        key = {'run_id': record.run_id, 'tool_call_id': record.tool_call_id}
+        return UpdateOne(key, {'$set': fields}, upsert=True)
+
+    async def _require_run(self, run_id: str) -> None:
+        if self._known_runs.knows(run_id):
+            return
+        if await self._runs.find_one({'_id': run_id}, {'_id': 1}) is None:
+            raise LookupError(f'run {run_id!r} is not registered')
+        self._known_runs.add(run_id)
+
+    async def _upsert_effects(self, updates: list[UpdateOne]) -> None:
+        """Apply the upserts in order; one that lost an insert race to a concurrent upsert is retried once."""
+        if not updates:
+            return
+        try:
+            await self._effects.bulk_write(updates, ordered=True)
+        except BulkWriteError as error:
+            failures = error.details.get('writeErrors', [])
+            if (
+                error.details.get('writeConcernErrors')
+                or not failures
+                or not is_duplicate_on(failures[0], TOOL_CALL_INDEX, ('run_id', 'tool_call_id'))
+            ):
+                raise
+            await self._effects.bulk_write(updates[failures[0]['index'] :], ordered=True)
+
+    async def _head(self, run_id: str) -> RunHead:
+        """The run's message head: the remembered one, or one read from the database."""
+        head = self._known_runs.head(run_id)
+        if head is None:
+            head = RunHead(registration=await self._counters.registration(run_id))
+            await self._messages.catch_up(run_id, head)
+        return head
+
+    async def _save_snapshots(
+        self,
+        run_id: str,
+        snapshots: list[ContinuableSnapshot],
+        histories: HistoryWrite,
+        head: RunHead,
+        allocation: Allocation,
+    ) -> None:
+        if head.registration is None:
+            head.registration = allocation.registration
+        elif head.registration != allocation.registration:
+            # The run was deleted and registered again since this head was read (by another store).
+            head = RunHead(registration=allocation.registration)
+            await self._messages.catch_up(run_id, head)
+        throughs = await histories.write(head)
+        self._known_runs.remember(run_id, head)
+        first = allocation.last['snapshot'] - len(snapshots) + 1
+        documents = [
+            snapshot_document(
+                snapshot,
+                seq=first + index,
+                history_length=len(snapshot.encoded_messages()),
+                through_message=through,
+            )
+            for index, (snapshot, through) in enumerate(zip(snapshots, throughs, strict=True))
+        ]
+        if await _insert_keyed(self._snapshots, documents) and self._max_snapshots is not None:
+            await self._prune(run_id, self._max_snapshots)
+
+    async def _prune(self, run_id: str, max_snapshots: int) -> None:
+        """Drop snapshots retention does not keep, among those visible now (never one not yet written).
+
+        A pruned snapshot with an idempotency key stays as a tombstone (no state, no history), so
+        the key stays used.
+        """
+        live = [
+            (document['seq'], document['state'])
+            async for document in self._snapshots.find(
+                {'run_id': run_id, 'seq': {'$type': 'number'}, 'state': {'$ne': None}}, {'seq': 1, 'state': 1}
+            )
+        ]
+        keep = retained_seqs(live, max_snapshots)
+        dropped = [seq for seq, _ in live if seq not in keep]
+        if not dropped:
+            return
+        keyed = {'idempotency_key': {'$type': 'string'}}
+        await self._snapshots.update_many({'run_id': run_id, 'seq': {'$in': dropped}, **keyed}, _PRUNED)
+        await self._snapshots.delete_many({'run_id': run_id, 'seq': {'$in': dropped}, '$nor': [keyed]})
