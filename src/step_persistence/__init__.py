@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from step_persistence.capability import SnapshotSaved, StepPersistence
+    from step_persistence.copying import CopyReport, RunCopy, copy_runs
     from step_persistence.helpers import (
         RecoveryReport,
         annotate_tool_effect,
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 _MODULES: dict[str, str] = {
     'SnapshotSaved': 'step_persistence.capability',
     'StepPersistence': 'step_persistence.capability',
+    'CopyReport': 'step_persistence.copying',
+    'RunCopy': 'step_persistence.copying',
+    'copy_runs': 'step_persistence.copying',
     'RecoveryReport': 'step_persistence.helpers',
     'annotate_tool_effect': 'step_persistence.helpers',
     'continue_run': 'step_persistence.helpers',
@@ -63,12 +67,14 @@ _MODULES: dict[str, str] = {
 
 __all__ = [
     'ContinuableSnapshot',
+    'CopyReport',
     'EventKind',
     'FileStepStore',
     'InMemoryStepStore',
     'MongoStepStore',
     'PostgresStepStore',
     'RecoveryReport',
+    'RunCopy',
     'RunRecord',
     'SnapshotSaved',
     'SnapshotState',
@@ -81,6 +87,7 @@ __all__ = [
     'ToolEffectStatus',
     'annotate_tool_effect',
     'continue_run',
+    'copy_runs',
     'fork_run',
     'from_spec',
     'inspect_recovery',
