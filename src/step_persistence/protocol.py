@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from datetime import datetime
 from types import TracebackType
 from typing import Protocol, Self, runtime_checkable
 
-from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, StepWrites, ToolEffectRecord
+from step_persistence.records import (
+    ContinuableSnapshot,
+    RunRecord,
+    RunStatus,
+    StepEvent,
+    StepWrites,
+    ToolEffectRecord,
+)
 
 __all__ = ['BatchingStepStore', 'StepStore', 'write_steps']
 
@@ -69,8 +78,37 @@ class StepStore(Protocol):
         """Records still `started`, oldest `started_at` first."""
         ...
 
-    async def delete_run(self, *, run_id: str) -> None:
-        """Remove the run with its events, snapshots and effects (never shared media); no-op if absent."""
+    async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        """Every tool effect of the run (any status), oldest `started_at` first, ties by `tool_call_id`.
+
+        `[]` for an unknown run.
+        """
+        ...
+
+    async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
+        """Remove the run with its events, snapshots, effects and stored messages (never shared media).
+
+        `cascade=True` also removes every run delegated from it, transitively (every run whose
+        `parent_run_id` chain leads to `run_id`), each before the run it was delegated from, so a
+        cascade that was interrupted can be run again. An unknown run is a no-op.
+        """
+        ...
+
+    async def prune_runs(
+        self,
+        *,
+        older_than: datetime,
+        statuses: Collection[RunStatus] | None = None,
+        include_running: bool = False,
+    ) -> list[str]:
+        """Delete whole runs that started before `older_than` whose status is in `statuses` (`None`: any).
+
+        The status is `step_persistence.status.run_status` of the run's events and unresolved
+        effects. A `running` run is never deleted unless `include_running=True`. A naive
+        `older_than` raises `ValueError`, as does a status that does not exist. Returns the ids of
+        the deleted runs, oldest `started_at` first. Delegated runs are not followed: each run is
+        judged on its own.
+        """
         ...
 
     async def aclose(self) -> None:

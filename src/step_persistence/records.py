@@ -19,6 +19,7 @@ __all__ = [
     'ContinuableSnapshot',
     'EventKind',
     'RunRecord',
+    'RunStatus',
     'SnapshotState',
     'StepEvent',
     'ToolEffectRecord',
@@ -49,6 +50,14 @@ ToolEffectStatus = Literal['started', 'completed', 'failed']
 EVENT_KINDS: frozenset[str] = frozenset(get_args(EventKind))
 SNAPSHOT_STATES: frozenset[str] = frozenset(get_args(SnapshotState))
 TOOL_EFFECT_STATUSES: frozenset[str] = frozenset(get_args(ToolEffectStatus))
+
+RunStatus = Literal['running', 'completed', 'failed', 'crashed']
+"""What state a run is in (derived by `step_persistence.status.run_status`, never stored).
+
+`crashed`: no terminal event, and either a tool call left unresolved or no event for `stale_after`.
+"""
+
+RUN_STATUSES: frozenset[str] = frozenset(get_args(RunStatus))
 
 
 def utc_now() -> datetime:

@@ -5,15 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
 
 from step_persistence.protocol import StepStore
-from step_persistence.records import RunRecord, StepEvent, ToolEffectRecord, utc_now
+from step_persistence.records import RunRecord, RunStatus, StepEvent, ToolEffectRecord, utc_now
 
 __all__ = ['DEFAULT_STALE_AFTER', 'RunNode', 'RunStatus', 'load_run_tree', 'run_status']
-
-RunStatus = Literal['running', 'completed', 'failed', 'crashed']
-"""`crashed`: no terminal event, and either a tool call left unresolved or no event for `stale_after`."""
 
 DEFAULT_STALE_AFTER = timedelta(minutes=30)
 

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Collection
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import TracebackType
 from typing import Self
 
+from step_persistence import lifecycle
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
+    RunStatus,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
@@ -145,6 +149,12 @@ class InMemoryStepStore:
         unresolved = [record for record in data.effects.values() if record.status == 'started']
         return sorted(unresolved, key=lambda record: record.started_at)
 
+    async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        data = self._runs.get(run_id)
+        if data is None:
+            return []
+        return sorted(data.effects.values(), key=lambda record: (record.started_at, record.tool_call_id))
+
     async def write_batch(self, writes: StepWrites) -> None:
         for effect in writes.tool_effects:
             await self.record_tool_effect(effect)
@@ -153,8 +163,21 @@ class InMemoryStepStore:
         for snapshot in writes.snapshots:
             await self.save_snapshot(snapshot)
 
-    async def delete_run(self, *, run_id: str) -> None:
+    async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
+        if cascade:
+            await lifecycle.delete_delegated_runs(self, run_id)
         self._runs.pop(run_id, None)
+
+    async def prune_runs(
+        self,
+        *,
+        older_than: datetime,
+        statuses: Collection[RunStatus] | None = None,
+        include_running: bool = False,
+    ) -> list[str]:
+        return await lifecycle.prune_runs(
+            self, older_than=older_than, statuses=statuses, include_running=include_running
+        )
 
     async def aclose(self) -> None:
         """Nothing to release: the data lives as long as the store object."""

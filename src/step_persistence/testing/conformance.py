@@ -28,6 +28,7 @@ from step_persistence.records import (
     StepEvent,
     StepWrites,
     ToolEffectRecord,
+    utc_now,
 )
 
 __all__ = ['StepStoreConformance', 'StoreFactory', 'sample_history']
@@ -562,6 +563,192 @@ class StepStoreConformance:
 
     async def test_delete_unknown_run_is_a_no_op(self, store: StepStore) -> None:
         await store.delete_run(run_id='never-there')
+
+    # --- run lifecycle: list_tool_effects, delete_run(cascade=...), prune_runs ---
+
+    @classmethod
+    async def _lived(
+        cls, store: StepStore, run_id: str, outcome: str, *, started_at: datetime, **fields: Any
+    ) -> RunRecord:
+        """Register a run with an event, a snapshot and a finished tool effect, ending as `outcome`.
+
+        `completed`/`failed`: a terminal event. `crashed`: a tool call left `started`. `stale`: no
+        terminal event and nothing since `started_at`. `running`: no terminal event, and an event
+        written now (so the run is `running` however old `started_at` is).
+        """
+        record = await cls._register(store, run_id, started_at=started_at, **fields)
+        await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0, timestamp=started_at))
+        await store.save_snapshot(_snapshot(run_id, 1))
+        await store.record_tool_effect(_effect(run_id, 'done', 'completed', started_at=started_at))
+        later = started_at + timedelta(seconds=1)
+        if outcome in ('completed', 'failed'):
+            kind = 'run_completed' if outcome == 'completed' else 'run_failed'
+            await store.append_event(StepEvent(run_id=run_id, kind=kind, step_index=2, timestamp=later))
+        elif outcome == 'crashed':
+            await store.record_tool_effect(_effect(run_id, 'pending', started_at=later))
+        elif outcome == 'running':
+            await store.append_event(StepEvent(run_id=run_id, kind='model_request_started', step_index=1))
+        else:
+            assert outcome == 'stale', outcome
+        return record
+
+    @staticmethod
+    async def _assert_gone(store: StepStore, run_id: str) -> None:
+        assert await store.get_run(run_id=run_id) is None
+        assert run_id not in [run.run_id for run in await store.list_runs()]
+        assert await store.list_events(run_id=run_id) == []
+        assert await store.list_snapshots(run_id=run_id, include_interrupted=True) == []
+        assert await store.latest_snapshot(run_id=run_id, include_interrupted=True) is None
+        assert await store.list_tool_effects(run_id=run_id) == []
+        assert await store.get_tool_effect(run_id=run_id, tool_call_id='done') is None
+
+    @staticmethod
+    async def _assert_intact(store: StepStore, run_id: str) -> None:
+        assert await store.get_run(run_id=run_id) is not None
+        assert [event.kind for event in await store.list_events(run_id=run_id)][:1] == ['run_started']
+        assert [snapshot.step_index for snapshot in await store.list_snapshots(run_id=run_id)] == [1]
+        assert 'done' in [effect.tool_call_id for effect in await store.list_tool_effects(run_id=run_id)]
+
+    async def test_list_tool_effects_lists_every_status_in_order(self, store: StepStore) -> None:
+        await self._register(store, 'fx')
+        await self._register(store, 'neighbour')
+        await store.record_tool_effect(_effect('neighbour', 'theirs', started_at=T0 - timedelta(hours=1)))
+        later = T0 + timedelta(seconds=5)
+        written = [
+            _effect('fx', 'late', 'failed', started_at=later, ended_at=later, effect_summary='boom'),
+            _effect('fx', 'tie-b', 'completed', started_at=T0, ended_at=later),
+            _effect('fx', 'tie-a', started_at=T0),
+            _effect('fx', 'early', 'completed', started_at=T0 - timedelta(microseconds=1), idempotency_key='k'),
+        ]
+        for effect in written:
+            await store.record_tool_effect(effect)
+        # An upsert keeps one record per call: the latest write, with the stored annotation.
+        await store.record_tool_effect(_effect('fx', 'early', 'failed', started_at=T0 - timedelta(microseconds=1)))
+        early = _effect('fx', 'early', 'failed', started_at=T0 - timedelta(microseconds=1), idempotency_key='k')
+        assert await store.list_tool_effects(run_id='fx') == [early, written[2], written[1], written[0]]
+        assert [effect.tool_call_id for effect in await store.list_tool_effects(run_id='neighbour')] == ['theirs']
+        assert await store.list_tool_effects(run_id='missing') == []
+
+    async def test_delete_run_leaves_no_trace_and_spares_other_runs(self, store: StepStore) -> None:
+        await self._lived(store, 'gone', 'crashed', started_at=T0, conversation_id='c')
+        await self._lived(store, 'kept', 'crashed', started_at=T0, conversation_id='c', parent_run_id='gone')
+        await store.delete_run(run_id='gone')
+        await self._assert_gone(store, 'gone')
+        await self._assert_intact(store, 'kept')
+        assert [r.tool_call_id for r in await store.list_unresolved_tool_effects(run_id='kept')] == ['pending']
+        assert [run.run_id for run in await store.list_runs(parent_run_id='gone')] == ['kept']
+        await store.delete_run(run_id='gone')
+        await self._assert_intact(store, 'kept')
+
+    async def test_cascade_deletes_the_delegation_tree_and_nothing_else(self, store: StepStore) -> None:
+        tree = {'root': None, 'child-a': 'root', 'child-b': 'root', 'grandchild': 'child-a', 'great': 'grandchild'}
+        others = {'other': None, 'other-child': 'other', 'roo': None, 'sibling': 'roo', 'root-ish': 'root-'}
+        for index, (run_id, parent) in enumerate([*tree.items(), *others.items()]):
+            await self._lived(
+                store, run_id, 'completed', started_at=T0 + timedelta(seconds=index), parent_run_id=parent
+            )
+        await store.delete_run(run_id='root', cascade=True)
+        for run_id in tree:
+            await self._assert_gone(store, run_id)
+        for run_id in others:
+            await self._assert_intact(store, run_id)
+        assert [run.run_id for run in await store.list_runs()] == list(others)
+        await store.delete_run(run_id='root', cascade=True)
+        assert [run.run_id for run in await store.list_runs()] == list(others)
+
+    async def test_delete_without_cascade_keeps_delegated_runs(self, store: StepStore) -> None:
+        for index, (run_id, parent) in enumerate([('root', None), ('child', 'root'), ('grandchild', 'child')]):
+            await self._lived(
+                store, run_id, 'completed', started_at=T0 + timedelta(seconds=index), parent_run_id=parent
+            )
+        await store.delete_run(run_id='child')
+        await self._assert_gone(store, 'child')
+        await self._assert_intact(store, 'root')
+        await self._assert_intact(store, 'grandchild')
+        assert [run.run_id for run in await store.list_runs(parent_run_id='child')] == ['grandchild']
+        # The chain is followed by `parent_run_id`, also from a run that is already gone.
+        await store.delete_run(run_id='child', cascade=True)
+        await self._assert_gone(store, 'grandchild')
+        await self._assert_intact(store, 'root')
+
+    async def test_cascade_ends_on_a_parent_cycle(self, store: StepStore) -> None:
+        await self._lived(store, 'a', 'completed', started_at=T0, parent_run_id='b')
+        await self._lived(store, 'b', 'completed', started_at=T0, parent_run_id='a')
+        await self._lived(store, 'c', 'completed', started_at=T0, parent_run_id='b')
+        await self._lived(store, 'outside', 'completed', started_at=T0)
+        await store.delete_run(run_id='a', cascade=True)
+        for run_id in ('a', 'b', 'c'):
+            await self._assert_gone(store, run_id)
+        await self._assert_intact(store, 'outside')
+
+    async def test_prune_runs_by_age_returns_ids_oldest_first(self, store: StepStore) -> None:
+        cutoff = utc_now() - timedelta(days=7)
+        ages = {
+            'middle': timedelta(days=20),
+            'new': -timedelta(days=1),
+            'oldest': timedelta(days=30),
+            'just-before': timedelta(microseconds=1),
+            'at-cutoff': timedelta(0),
+        }
+        for run_id, age in ages.items():
+            await self._lived(store, run_id, 'completed', started_at=cutoff - age)
+        await self._lived(store, 'future', 'completed', started_at=utc_now() + timedelta(days=1))
+        pruned = await store.prune_runs(older_than=cutoff)
+        assert pruned == ['oldest', 'middle', 'just-before']
+        for run_id in pruned:
+            await self._assert_gone(store, run_id)
+        for run_id in ('new', 'at-cutoff', 'future'):
+            await self._assert_intact(store, run_id)
+        assert await store.prune_runs(older_than=cutoff) == []
+        plus_two = timezone(timedelta(hours=2))
+        assert await store.prune_runs(older_than=(cutoff + timedelta(microseconds=1)).astimezone(plus_two)) == [
+            'at-cutoff'
+        ]
+
+    async def test_prune_runs_by_status(self, store: StepStore) -> None:
+        old = utc_now() - timedelta(days=30)
+        outcomes = ['completed', 'failed', 'crashed', 'stale', 'running', 'completed']
+        for index, outcome in enumerate(outcomes):
+            await self._lived(store, f'{outcome}-{index}', outcome, started_at=old + timedelta(minutes=index))
+        cutoff = utc_now() - timedelta(days=1)
+        assert await store.prune_runs(older_than=cutoff, statuses=['failed', 'crashed']) == [
+            'failed-1',
+            'crashed-2',
+            'stale-3',
+        ]
+        assert await store.prune_runs(older_than=cutoff, statuses={'failed', 'crashed'}) == []
+        assert await store.prune_runs(older_than=cutoff, statuses=()) == []
+        for run_id in ('completed-0', 'running-4', 'completed-5'):
+            await self._assert_intact(store, run_id)
+        assert await store.prune_runs(older_than=cutoff, statuses=('completed',)) == ['completed-0', 'completed-5']
+        await self._assert_intact(store, 'running-4')
+
+    async def test_prune_runs_never_deletes_a_running_run_unless_asked(self, store: StepStore) -> None:
+        old = utc_now() - timedelta(days=30)
+        await self._lived(store, 'running', 'running', started_at=old)
+        await self._lived(store, 'done', 'completed', started_at=old + timedelta(seconds=1))
+        await self._register(store, 'silent', started_at=old + timedelta(seconds=2))
+        cutoff = utc_now() - timedelta(days=1)
+        assert await store.prune_runs(older_than=cutoff, statuses=['running']) == []
+        assert await store.prune_runs(older_than=cutoff) == ['done']
+        await self._assert_intact(store, 'running')
+        assert await store.get_run(run_id='silent') is not None
+        assert await store.prune_runs(older_than=cutoff, statuses=['running'], include_running=True) == [
+            'running',
+            'silent',
+        ]
+        await self._assert_gone(store, 'running')
+        assert await store.list_runs() == []
+
+    async def test_prune_runs_rejects_bad_arguments_and_deletes_nothing(self, store: StepStore) -> None:
+        await self._lived(store, 'old', 'completed', started_at=T0)
+        with pytest.raises(ValueError, match='naive'):
+            await store.prune_runs(older_than=datetime(2100, 1, 1))
+        with pytest.raises(ValueError, match='exploded'):
+            await store.prune_runs(older_than=utc_now(), statuses=['completed', 'exploded'])  # type: ignore[list-item]
+        with pytest.raises(ValueError, match='string'):
+            await store.prune_runs(older_than=utc_now(), statuses='completed')  # type: ignore[arg-type]
+        await self._assert_intact(store, 'old')
 
     # --- bad input ---
 

@@ -8,8 +8,9 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
+from datetime import datetime
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -18,11 +19,19 @@ from typing import Any, Self, TypeVar
 import anyio.from_thread
 import anyio.to_thread
 
+from step_persistence import lifecycle
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence._reading import read_or_skip
 from step_persistence.media.disk import DiskMediaStore
 from step_persistence.media.protocol import MediaStore
-from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, merge_tool_effect
+from step_persistence.records import (
+    ContinuableSnapshot,
+    RunRecord,
+    RunStatus,
+    StepEvent,
+    ToolEffectRecord,
+    merge_tool_effect,
+)
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
 from step_persistence.stores._ordering import RunTurns
@@ -240,8 +249,24 @@ class FileStepStore:
                 loaded.append(item)
         return loaded
 
-    async def delete_run(self, *, run_id: str) -> None:
+    async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
+        """Remove the run's directory in one rename (then delete it); with `cascade`, its delegated runs first."""
+        run_paths(self.directory, run_id)
+        if cascade:
+            await lifecycle.delete_delegated_runs(self, run_id, every_run=await self.list_runs())
         await self._in_turn(run_id, partial(self._delete_run, run_id))
+
+    async def prune_runs(
+        self,
+        *,
+        older_than: datetime,
+        statuses: Collection[RunStatus] | None = None,
+        include_running: bool = False,
+    ) -> list[str]:
+        """Delete old runs (see `StepStore.prune_runs`); reads every `run.json` to find them."""
+        return await lifecycle.prune_runs(
+            self, older_than=older_than, statuses=statuses, include_running=include_running
+        )
 
     def _delete_run(self, run_id: str) -> None:
         paths = run_paths(self.directory, run_id)
@@ -374,6 +399,10 @@ class FileStepStore:
         records = await self._in_turn(run_id, partial(self._tool_effects, run_id))
         unresolved = [record for record in records.values() if record.status == 'started']
         return sorted(unresolved, key=lambda record: record.started_at)
+
+    async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        records = await self._in_turn(run_id, partial(self._tool_effects, run_id))
+        return sorted(records.values(), key=lambda record: (record.started_at, record.tool_call_id))
 
     def _tool_effects(self, run_id: str) -> dict[str, ToolEffectRecord]:
         """A copy of the run's ledger, by tool call id (empty for an unknown run)."""
