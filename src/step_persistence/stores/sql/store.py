@@ -9,7 +9,9 @@ same database, in the same transaction), packed before the write transaction sta
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
 from functools import partial
 from types import TracebackType
 from typing import Any, Self
@@ -18,11 +20,21 @@ from sqlalchemy import and_, select
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from step_persistence import lifecycle
 from step_persistence._reading import read_or_skip, read_or_skip_async
 from step_persistence.media.protocol import MediaStore
-from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, StepWrites, ToolEffectRecord
+from step_persistence.records import (
+    ContinuableSnapshot,
+    RunRecord,
+    RunStatus,
+    StepEvent,
+    StepWrites,
+    ToolEffectRecord,
+    require_utc,
+)
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
+from step_persistence.stores.sql import lifecycle as sql_lifecycle
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
@@ -238,11 +250,18 @@ class SqlStepStore:
         )
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
-        found = await self._read(
+        return await self._tool_effects(
+            run_id,
             select(*rows.TOOL_EFFECT_COLUMNS)
             .where(and_(tool_effects.c.run_id == run_id, tool_effects.c.status == 'started'))
-            .order_by(tool_effects.c.started_at, tool_effects.c.tool_call_id)
+            .order_by(tool_effects.c.started_at, tool_effects.c.tool_call_id),
         )
+
+    async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        return await self._tool_effects(run_id, sql_lifecycle.tool_effects_of_run(run_id))
+
+    async def _tool_effects(self, run_id: str, query: Any) -> list[ToolEffectRecord]:
+        found = await self._read(query)
         read = (
             read_or_skip(
                 f'tool effect {row.tool_call_id!r} of run {run_id!r}',
@@ -275,10 +294,34 @@ class SqlStepStore:
 
     # --- deletion and lifecycle ---
 
-    async def delete_run(self, *, run_id: str) -> None:
+    async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
+        """Delete the run (with `cascade`, its delegated runs too) in one transaction."""
         await self._ready()
-        await self._db.run(partial(self._writes.delete_run, run_id=run_id), write=True)
-        self._histories.forget(run_id)
+        deleted = await self._db.run(
+            partial(sql_lifecycle.delete_runs, writes=self._writes, run_id=run_id, cascade=cascade), write=True
+        )
+        for deleted_id in deleted:
+            self._histories.forget(deleted_id)
+
+    async def prune_runs(
+        self,
+        *,
+        older_than: datetime,
+        statuses: Collection[RunStatus] | None = None,
+        include_running: bool = False,
+    ) -> list[str]:
+        """Delete old runs (see `StepStore.prune_runs`), found with an indexed `started_at` query."""
+        cutoff = require_utc(older_than)
+        lifecycle.validate_statuses(statuses)
+        found = await self._read(sql_lifecycle.runs_started_before(cutoff))
+        candidates = (read_or_skip(f'run {row.run_id!r}', partial(rows.run_from_row, row._mapping)) for row in found)
+        return await lifecycle.prune_runs(
+            self,
+            older_than=cutoff,
+            statuses=statuses,
+            include_running=include_running,
+            candidates=[record for record in candidates if record is not None],
+        )
 
     async def aclose(self) -> None:
         """Dispose of the engine if the store created it from a URL; never touch a caller's engine or connection."""
