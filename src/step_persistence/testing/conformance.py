@@ -682,7 +682,7 @@ class StepStoreConformance:
         await self._assert_intact(store, 'outside')
 
     async def test_prune_runs_by_age_returns_ids_oldest_first(self, store: StepStore) -> None:
-        cutoff = utc_now() - timedelta(days=7)
+        cutoff = (utc_now() - timedelta(days=7)).replace(microsecond=123456)  # mid-millisecond
         ages = {
             'middle': timedelta(days=20),
             'new': -timedelta(days=1),
@@ -720,7 +720,7 @@ class StepStoreConformance:
         assert await store.prune_runs(older_than=cutoff, statuses=()) == []
         for run_id in ('completed-0', 'running-4', 'completed-5'):
             await self._assert_intact(store, run_id)
-        assert await store.prune_runs(older_than=cutoff, statuses=('completed',)) == ['completed-0', 'completed-5']
+        assert await store.prune_runs(older_than=cutoff, statuses=['completed']) == ['completed-0', 'completed-5']
         await self._assert_intact(store, 'running-4')
 
     async def test_prune_runs_never_deletes_a_running_run_unless_asked(self, store: StepStore) -> None:

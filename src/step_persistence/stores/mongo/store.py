@@ -8,6 +8,8 @@ so a standalone server works as well as a replica set. See docs/mongo.md.
 
 from __future__ import annotations
 
+from collections.abc import Collection
+from datetime import datetime
 from functools import partial
 from types import TracebackType
 from typing import Any, Final, Self
@@ -15,10 +17,19 @@ from typing import Any, Final, Self
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError
 
+from step_persistence import lifecycle
 from step_persistence._reading import read_or_skip, read_or_skip_async
 from step_persistence.media.protocol import MediaStore
 from step_persistence.media.walker import DEFAULT_THRESHOLD_BYTES
-from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, StepWrites, ToolEffectRecord
+from step_persistence.records import (
+    ContinuableSnapshot,
+    RunRecord,
+    RunStatus,
+    StepEvent,
+    StepWrites,
+    ToolEffectRecord,
+    require_utc,
+)
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import MediaSetting, MessageMedia
 from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
@@ -33,6 +44,7 @@ from step_persistence.stores.mongo._documents import (
 from step_persistence.stores.mongo._heads import RunHead
 from step_persistence.stores.mongo._indexes import STEP_INDEXES, IndexSetup
 from step_persistence.stores.mongo._known_runs import KnownRuns
+from step_persistence.stores.mongo._lifecycle import RUN_ORDER, TOOL_EFFECT_ORDER, started_before_query
 from step_persistence.stores.mongo._limits import check_document_size
 from step_persistence.stores.mongo._messages import MessageStore
 from step_persistence.stores.mongo._ordering import RunOrder
@@ -140,10 +152,12 @@ class MongoStepStore:
             query['parent_run_id'] = parent_run_id
         if conversation_id is not None:
             query['conversation_id'] = conversation_id
-        order = [('started_at', ASCENDING), ('started_at_us', ASCENDING), ('registration', ASCENDING)]
+        return await self._find_runs(query)
+
+    async def _find_runs(self, query: dict[str, Any]) -> list[RunRecord]:
         records = [
             read_or_skip(f'run {document.get("_id")!r}', partial(run_from_document, document))
-            async for document in self._runs.find(query).sort(order)
+            async for document in self._runs.find(query).sort(RUN_ORDER)
         ]
         return [record for record in records if record is not None]
 
@@ -242,8 +256,13 @@ class MongoStepStore:
         )
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
-        order = [('started_at', ASCENDING), ('started_at_us', ASCENDING), ('tool_call_id', ASCENDING)]
-        cursor = self._effects.find({'run_id': run_id, 'status': 'started'}).sort(order)
+        return await self._tool_effects(run_id, {'run_id': run_id, 'status': 'started'})
+
+    async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        return await self._tool_effects(run_id, {'run_id': run_id})
+
+    async def _tool_effects(self, run_id: str, query: dict[str, Any]) -> list[ToolEffectRecord]:
+        cursor = self._effects.find(query).sort(TOOL_EFFECT_ORDER)
         documents = await self._order.read(run_id, partial(cursor.to_list, None))
         records = (
             read_or_skip(
@@ -256,9 +275,32 @@ class MongoStepStore:
 
     # --- deletion and lifetime ---
 
-    async def delete_run(self, *, run_id: str) -> None:
-        """Remove the run's documents, its `runs` document last (so an interrupted delete can be redone)."""
+    async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
+        """Remove the run's documents, its `runs` document last (so an interrupted delete can be redone).
+
+        With `cascade`, every run delegated from it first, each after the runs delegated from it.
+        """
+        if cascade:
+            await lifecycle.delete_delegated_runs(self, run_id)
         await self._order.write([run_id], partial(self._delete_run, run_id))
+
+    async def prune_runs(
+        self,
+        *,
+        older_than: datetime,
+        statuses: Collection[RunStatus] | None = None,
+        include_running: bool = False,
+    ) -> list[str]:
+        """Delete old runs (see `StepStore.prune_runs`), found with the `started_at` index."""
+        cutoff = require_utc(older_than)
+        lifecycle.validate_statuses(statuses)
+        return await lifecycle.prune_runs(
+            self,
+            older_than=cutoff,
+            statuses=statuses,
+            include_running=include_running,
+            candidates=await self._find_runs(started_before_query(cutoff)),
+        )
 
     async def _delete_run(self, run_id: str) -> None:
         self._known_runs.discard(run_id)
