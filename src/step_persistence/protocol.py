@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Collection
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from step_persistence.records import (
     ContinuableSnapshot,
@@ -15,6 +15,9 @@ from step_persistence.records import (
     StepWrites,
     ToolEffectRecord,
 )
+
+if TYPE_CHECKING:
+    from step_persistence.collection import MediaCollection
 
 __all__ = ['BatchingStepStore', 'StepStore', 'write_steps']
 
@@ -89,8 +92,9 @@ class StepStore(Protocol):
         """Remove the run with its events, snapshots, effects and stored messages (never shared media).
 
         `cascade=True` also removes every run delegated from it, transitively (every run whose
-        `parent_run_id` chain leads to `run_id`), each before the run it was delegated from, so a
-        cascade that was interrupted can be run again. An unknown run is a no-op.
+        `parent_run_id` chain leads to `run_id`, also when `run_id` itself is already gone), each
+        before the run it was delegated from, so a cascade that was interrupted can be run again.
+        Deleting a run that is not stored is a no-op.
         """
         ...
 
@@ -108,6 +112,15 @@ class StepStore(Protocol):
         `older_than` raises `ValueError`, as does a status that does not exist. Returns the ids of
         the deleted runs, oldest `started_at` first. Delegated runs are not followed: each run is
         judged on its own.
+        """
+        ...
+
+    async def collect_media(self, *, grace: timedelta) -> MediaCollection:
+        """Reclaim stored messages that no retained snapshot references and media blobs that no stored
+        message references, leaving anything written (or reused) within `grace`. Safe while other writers
+        are active (when `grace` covers `REUSE_WINDOW` plus the longest save; see docs/media.md).
+
+        Raises `ValueError` for a `grace` that is not a `timedelta` >= 0.
         """
         ...
 
