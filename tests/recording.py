@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Self
 
@@ -14,6 +15,7 @@ from step_persistence import (
     ToolEffectRecord,
 )
 from step_persistence.capability import register_run_once
+from step_persistence.collection import MediaCollection
 
 
 @dataclass
@@ -64,6 +66,9 @@ class RecordingStore:
 
     async def delete_run(self, *, run_id: str) -> None:
         await self.inner.delete_run(run_id=run_id)
+
+    async def collect_media(self, *, grace: timedelta) -> MediaCollection:
+        return await self.inner.collect_media(grace=grace)
 
     async def aclose(self) -> None:
         await self.inner.aclose()

@@ -67,7 +67,7 @@ async def test_alembic_upgrade_head_and_downgrade_base(empty_database: EmptyData
     alembic('-x', f'url={plain(empty_database.url)}', 'upgrade', 'head')
     assert await empty_database.table_names() == TABLE_NAMES | {VERSION_TABLE}
     assert await empty_database.view_names() == REPORTING_VIEWS
-    assert await scalar(empty_database.url, text(f'SELECT version_num FROM {VERSION_TABLE}')) == '0003'
+    assert await scalar(empty_database.url, text(f'SELECT version_num FROM {VERSION_TABLE}')) == '0004'
 
     alembic('downgrade', 'base', env={'STEP_PERSISTENCE_DATABASE_URL': plain(empty_database.url)})
     assert await empty_database.table_names() == {VERSION_TABLE}

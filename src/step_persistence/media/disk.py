@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import secrets
 import tempfile
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
 import anyio.to_thread
 
-from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url
-from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver
+from step_persistence.media.clock import media_now
+from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url, uri_of_key
+from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, StoredBlob
 from step_persistence.media.uri import check_digest, media_uri_for
 
 __all__ = ['DiskMediaStore']
@@ -37,12 +41,24 @@ def _write_atomically(path: Path, data: bytes) -> None:
         raise
 
 
+def _touch(path: Path) -> bool:
+    """Set the file's modification time to `media_now()`; whether it exists."""
+    stamp = int(media_now().timestamp() * 1_000_000) * 1000
+    try:
+        os.utime(path, ns=(stamp, stamp))
+    except FileNotFoundError:
+        return False
+    return True
+
+
 class DiskMediaStore:
     """Blobs as files: `<directory>/<key>` (default key `<sha256>.bin`), metadata in `<key>.meta.json`.
 
     Writes are atomic (temporary file, then rename), sidecar first and blob last, so a blob that
     exists always has its metadata. Blocking file I/O runs in a worker thread. A key strategy
-    that yields an absolute path or a `..` segment is rejected with `ValueError`.
+    that yields an absolute path or a `..` segment is rejected with `ValueError`. A blob's touched
+    time (see `CollectableMediaStore`) is its file's modification time: `put` of stored bytes and
+    `touch` set it to now.
     """
 
     def __init__(
@@ -79,10 +95,11 @@ class DiskMediaStore:
         }
 
         def write() -> None:
-            if path.exists():
+            if _touch(path):
                 return
             _write_atomically(self._sidecar(path), json.dumps(sidecar, ensure_ascii=False).encode('utf-8'))
             _write_atomically(path, bytes(data))
+            _touch(path)
 
         await anyio.to_thread.run_sync(write)
         return uri
@@ -119,6 +136,60 @@ class DiskMediaStore:
         ):
             raise ValueError(f'metadata sidecar of blob {uri} is malformed')
         return metadata
+
+    async def touch(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        return await anyio.to_thread.run_sync(_touch, self.path_for(uri, context=context))
+
+    async def list_blobs(self) -> AsyncIterator[StoredBlob]:
+        for blob in await anyio.to_thread.run_sync(self._list_blobs):
+            yield blob
+
+    def _list_blobs(self) -> list[StoredBlob]:
+        found: list[StoredBlob] = []
+        for root, _, names in os.walk(self.directory):
+            for name in names:
+                if name.startswith('.') or name.endswith(_SIDECAR_SUFFIX):
+                    continue  # temporary files, blobs being deleted, metadata
+                path = Path(root, name)
+                key = path.relative_to(self.directory).as_posix()
+                uri = uri_of_key(key)
+                try:
+                    modified = path.stat().st_mtime_ns
+                except FileNotFoundError:
+                    continue
+                if uri is not None:
+                    found.append(StoredBlob(uri, key, datetime.fromtimestamp(modified / 1e9, UTC)))
+        return found
+
+    async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
+        """Delete the blob's file and sidecar.
+
+        The file is first renamed aside (atomically), then its modification time is checked: a
+        blob touched since `touched_before` is put back (unless it was stored again meanwhile). A
+        writer's `touch` either happens before the rename (and is seen) or fails (and the writer
+        puts the blob again).
+        """
+        path = self.directory.joinpath(*blob.key.split('/'))
+
+        def delete() -> bool:
+            aside = path.with_name(f'.{path.name}.{secrets.token_hex(6)}.deleting')
+            try:
+                os.rename(path, aside)
+            except FileNotFoundError:
+                return False
+            if touched_before is not None:
+                touched = datetime.fromtimestamp(aside.stat().st_mtime_ns / 1e9, UTC)
+                if touched >= touched_before:
+                    with contextlib.suppress(FileExistsError):  # stored again meanwhile
+                        os.link(aside, path)
+                    aside.unlink()
+                    return False
+            if not path.exists():  # not stored again meanwhile
+                self._sidecar(path).unlink(missing_ok=True)
+            aside.unlink()
+            return True
+
+        return await anyio.to_thread.run_sync(delete)
 
     async def aclose(self) -> None:
         """Nothing to release; here so every media store can be closed the same way."""

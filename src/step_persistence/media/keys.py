@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import inspect
+import re
 from urllib.parse import quote
 
 from step_persistence.media.protocol import KeyStrategy, MediaContext, PublicUrlResolver
 from step_persistence.media.uri import parse_media_uri
 
-__all__ = ['blob_key', 'default_key_strategy', 'make_static_public_url', 'resolve_public_url']
+__all__ = ['blob_key', 'default_key_strategy', 'make_static_public_url', 'resolve_public_url', 'uri_of_key']
+
+_DIGEST_NAME = re.compile(r'([0-9a-f]{64})(?:\..*)?')
 
 
 def default_key_strategy(digest: str, context: MediaContext) -> str:
     """`<sha256>.bin`: one flat namespace, independent of the context."""
     return f'{digest}.bin'
+
+
+def uri_of_key(key: str) -> str | None:
+    """The media URI a stored key names: its last segment is the digest, optionally with a suffix
+    (`<sha256>.bin`, `images/<sha256>.png`, `<sha256>`); `None` for a key that names no digest."""
+    match = _DIGEST_NAME.fullmatch(key.rsplit('/', 1)[-1])
+    return None if match is None else f'media+sha256://{match.group(1)}'
 
 
 def blob_key(key_strategy: KeyStrategy, uri: str, context: MediaContext) -> str:

@@ -4,21 +4,26 @@
 `digest`, `size`, `files_id`, `chunk_size`, `chunks` (count), `media_type`, `filename` and
 `metadata` (a JSON object as text, so any key round-trips). `<collection>_chunks` holds the bytes
 in documents `{files_id, n, data}` with a unique index on `(files_id, n)`, so a blob larger than
-MongoDB's 16 MiB document limit stores fine. `files_id` is `<sha256>/<chunk_size>`: chunks are
-addressed by content (stores of one collection share them) and by how the content was cut, so
-writers with different chunk sizes never mix their chunks. Chunks are written before the
-manifest: a reader never sees a manifest without all its chunks.
+MongoDB's 16 MiB document limit stores fine. `files_id` is `<sha256>/<chunk_size>/<token>`: each
+put writes chunks of its own (older versions wrote `<sha256>/<chunk_size>`, shared by puts of the
+same bytes), so deleting a blob never takes the chunks of another put of the same bytes. Chunks
+are written before the manifest: a reader never sees a manifest without all its chunks. A manifest
+also has `touched_at`, when it was last put again or reused (missing on older manifests: they
+count as touched long ago).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+import secrets
+from collections.abc import AsyncIterator, Mapping
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, Final, Self
 
-from step_persistence.media.keys import blob_key, resolve_public_url
-from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver
+from step_persistence.media.clock import media_now
+from step_persistence.media.keys import blob_key, resolve_public_url, uri_of_key
+from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, StoredBlob
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
 from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection, insert_new
 from step_persistence.stores.mongo._indexes import IndexSetup, chunk_indexes
@@ -39,6 +44,13 @@ def _check_chunk_size(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHUNK_SIZE_BYTES:
         raise ValueError(f'chunk_size_bytes must be an int from 1 to {MAX_CHUNK_SIZE_BYTES}, got {value!r}')
     return value
+
+
+def _utc(value: Any) -> datetime:
+    """A BSON datetime as aware UTC (clients return naive UTC unless `tz_aware`); missing: long ago."""
+    if not isinstance(value, datetime):
+        return datetime.min.replace(tzinfo=UTC)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
 class MongoMediaStore:
@@ -84,11 +96,11 @@ class MongoMediaStore:
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
         uri = media_uri_for(data)
         key = self.key_for(uri, context=context)
-        if await self._manifests.find_one({'_id': key}, {'_id': 1}) is not None:
+        if await self._touch(key):
             return uri
         await self._indexes.ensure()
         digest = parse_media_uri(uri)
-        files_id = f'{digest}/{self.chunk_size_bytes}'
+        files_id = f'{digest}/{self.chunk_size_bytes}/{secrets.token_hex(8)}'
         view = memoryview(data)
         size = len(view)
         chunks = [
@@ -106,9 +118,40 @@ class MongoMediaStore:
             'media_type': context.media_type,
             'filename': context.filename,
             'metadata': json.dumps(dict(context.metadata), ensure_ascii=False),
+            'touched_at': media_now(),
         }
         await insert_new(self._manifests, [manifest])
+        if await self._manifests.find_one({'_id': key, 'files_id': files_id}, {'_id': 1}) is None:
+            await self._chunks.delete_many({'files_id': files_id})  # another put stored it first
+            await self._touch(key)
         return uri
+
+    async def _touch(self, key: str) -> bool:
+        result = await self._manifests.update_one({'_id': key}, {'$set': {'touched_at': media_now()}})
+        return bool(result.matched_count)
+
+    async def touch(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        return await self._touch(self.key_for(uri, context=context))
+
+    async def list_blobs(self) -> AsyncIterator[StoredBlob]:
+        async for manifest in self._manifests.find({}, {'_id': 1, 'touched_at': 1}):
+            key = manifest['_id']
+            uri = uri_of_key(key) if isinstance(key, str) else None
+            if uri is not None:
+                yield StoredBlob(uri, key, _utc(manifest.get('touched_at')))
+
+    async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
+        """Delete the manifest (checking its touched time in the same operation), then its chunks."""
+        query: dict[str, Any] = {'_id': blob.key}
+        if touched_before is not None:
+            query['$or'] = [{'touched_at': {'$lt': touched_before}}, {'touched_at': {'$exists': False}}]
+        manifest = await self._manifests.find_one_and_delete(query, projection={'files_id': 1})
+        if manifest is None:
+            return False
+        files_id = manifest.get('files_id')
+        if isinstance(files_id, str) and await self._manifests.find_one({'files_id': files_id}, {'_id': 1}) is None:
+            await self._chunks.delete_many({'files_id': files_id})
+        return True
 
     async def _manifest(self, uri: str, context: MediaContext) -> dict[str, Any]:
         manifest = await self._manifests.find_one({'_id': self.key_for(uri, context=context)})

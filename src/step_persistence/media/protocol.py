@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from types import MappingProxyType
 from typing import Protocol, TypeAlias, runtime_checkable
 
-__all__ = ['NO_CONTEXT', 'KeyStrategy', 'MediaContext', 'MediaStore', 'PublicUrlResolver']
+__all__ = [
+    'NO_CONTEXT',
+    'CollectableMediaStore',
+    'KeyStrategy',
+    'MediaContext',
+    'MediaStore',
+    'PublicUrlResolver',
+    'StoredBlob',
+    'TouchableMediaStore',
+]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,4 +87,52 @@ class MediaStore(Protocol):
 
     async def get_metadata(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Mapping[str, str]:
         """The user metadata stored with the blob; `FileNotFoundError` if the blob is absent."""
+        ...
+
+
+@runtime_checkable
+class TouchableMediaStore(MediaStore, Protocol):
+    """A media store that records when each blob was last written or reused (its touched time).
+
+    `put` of bytes already stored refreshes their touched time. The media walker calls `touch`
+    instead of `exists` before it reuses a stored blob, so a blob a writer relies on is never
+    older than `REUSE_WINDOW` (see `step_persistence.media.clock`).
+    """
+
+    async def touch(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        """Refresh the blob's touched time to now; return whether the blob is stored."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class StoredBlob:
+    """One blob as a collectable media store lists it."""
+
+    uri: str
+    key: str
+    """Where the store keeps it: a path under its directory, an object key, a manifest id, a digest."""
+    touched_at: datetime
+    """When it was last written or touched (aware, UTC)."""
+
+
+@runtime_checkable
+class CollectableMediaStore(TouchableMediaStore, Protocol):
+    """A media store whose blobs can be listed and deleted, so that `collect_media` can reclaim them.
+
+    Only blobs whose key names their digest (the key's last segment starts with the 64 hex digits,
+    as every built-in key strategy does) are listed; anything else under the store's root is left
+    alone.
+    """
+
+    def list_blobs(self) -> AsyncIterator[StoredBlob]:
+        """Every blob the store holds, in no particular order."""
+        ...
+
+    async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
+        """Delete a listed blob (with its metadata); return whether it was deleted.
+
+        With `touched_before`, a blob touched at or after that instant (since it was listed) is
+        kept; stores check this atomically with the deletion where their storage allows it (see
+        docs/media.md). A blob already gone is not an error (returns `False`).
+        """
         ...

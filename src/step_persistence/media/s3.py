@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 from urllib.parse import quote, unquote, urlsplit
+from xml.etree import ElementTree
 
 import anyio
 
-from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url
-from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver
+from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url, uri_of_key
+from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, StoredBlob
 from step_persistence.media.sigv4 import EMPTY_SHA256, Credentials, encode_path, sign
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
 
@@ -32,6 +35,22 @@ _META_VALUE_SAFE = ''.join(chr(c) for c in range(0x21, 0x7F) if chr(c) != '%')
 """Printable ASCII but `%` (and space) stays as is in a metadata header value; the rest is percent-encoded."""
 _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _ERROR_CODE = re.compile(rb'<Code>([^<]{1,100})</Code>')
+_COPIED_HEADERS = ('content-type', 'content-disposition', 'content-encoding', 'cache-control')
+"""Headers of an object that a touch (a copy onto itself) gives the copy again."""
+
+
+def _xml_children(element: ElementTree.Element, name: str) -> list[ElementTree.Element]:
+    """Children named `name`, whatever their XML namespace."""
+    return [child for child in element if child.tag.rsplit('}', 1)[-1] == name]
+
+
+def _xml_text(element: ElementTree.Element, name: str) -> str | None:
+    found = _xml_children(element, name)
+    return found[0].text if found else None
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
 
 
 class S3Error(RuntimeError):
@@ -92,6 +111,11 @@ class S3MediaStore:
     2 KB. Requests failing with 429/5xx or a connection error are retried `max_attempts` times
     in all, with exponential backoff and jitter starting at `backoff_seconds`.
 
+    A blob's touched time is its object's `LastModified` (the server's clock): `put` of stored
+    bytes and `touch` copy the object onto itself (a server-side copy keeping its headers and
+    metadata), `list_blobs` lists the bucket under `key_prefix` (ListObjectsV2), and `delete_blob`
+    checks `LastModified` with a `HEAD` just before its `DELETE` (S3 cannot make that atomic).
+
     One HTTP client serves every request. A `client` passed in (an `httpx2.AsyncClient`) is
     used as is and never closed; a store that created its own closes it in `aclose()`.
     """
@@ -151,9 +175,12 @@ class S3MediaStore:
         body: bytes = b'',
         payload_sha256: str = EMPTY_SHA256,
         headers: Mapping[str, str] | None = None,
+        query: Sequence[tuple[str, str]] = (),
     ) -> httpx2.Response:
-        """Send a signed request for `key` (retrying transient failures); the final response."""
-        path = encode_path(f'{self._base_path}/{self.bucket}/{key}')
+        """Send a signed request for `key` (the bucket itself if empty; retrying transient failures)."""
+        path = encode_path(f'{self._base_path}/{self.bucket}/{key}' if key else f'{self._base_path}/{self.bucket}')
+        query_string = '&'.join(f'{quote(name, safe="~")}={quote(value, safe="~")}' for name, value in sorted(query))
+        url = self._origin + path + (f'?{query_string}' if query_string else '')
         base_headers = {'host': self._host, 'x-amz-content-sha256': payload_sha256, **(headers or {})}
         attempt = 1
         while True:
@@ -162,6 +189,7 @@ class S3MediaStore:
                 **sign(
                     method=method,
                     path=path,
+                    query=query,
                     headers=base_headers,
                     payload_sha256=payload_sha256,
                     credentials=self._credentials,
@@ -169,7 +197,7 @@ class S3MediaStore:
                 ),
             }
             try:
-                response = await self._client.request(method, self._origin + path, content=body, headers=signed)
+                response = await self._client.request(method, url, content=body, headers=signed)
             except self._httpx.TransportError as error:
                 if attempt == self._max_attempts:
                     raise S3Error(
@@ -204,7 +232,7 @@ class S3MediaStore:
 
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
         uri = media_uri_for(data)
-        if await self._head(uri, context) is not None:
+        if await self.touch(uri, context=context):
             return uri
         key = self.key_for(uri, context=context)
         headers = {
@@ -241,6 +269,64 @@ class S3MediaStore:
         if response is None:
             raise FileNotFoundError(f'blob {uri} is not in s3 bucket {self.bucket}')
         return _decode_metadata(response.headers)
+
+    async def touch(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        """Copy the object onto itself (refreshing `LastModified`, keeping headers and metadata)."""
+        head = await self._head(uri, context)
+        if head is None:
+            return False
+        key = self.key_for(uri, context=context)
+        headers = {
+            'x-amz-copy-source': quote(f'/{self.bucket}/{key}', safe='/~'),
+            'x-amz-metadata-directive': 'REPLACE',
+            **{name: head.headers[name] for name in _COPIED_HEADERS if name in head.headers},
+            **{name.lower(): value for name, value in head.headers.items() if name.lower().startswith(_META_PREFIX)},
+        }
+        response = await self._request('PUT', key, headers=headers)
+        if response.status_code == 404:
+            return False
+        if response.status_code != 200:
+            raise self._error('PUT (copy)', key, response)
+        return True
+
+    async def list_blobs(self) -> AsyncIterator[StoredBlob]:
+        """The objects under `key_prefix` whose key names a digest (ListObjectsV2, page by page)."""
+        token: str | None = None
+        while True:
+            query = [('list-type', '2'), ('prefix', self.key_prefix)]
+            if token is not None:
+                query.append(('continuation-token', token))
+            response = await self._request('GET', '', query=query)
+            if response.status_code != 200:
+                raise self._error('GET (list)', self.key_prefix, response)
+            root = ElementTree.fromstring(response.content)
+            for entry in _xml_children(root, 'Contents'):
+                key, modified = _xml_text(entry, 'Key'), _xml_text(entry, 'LastModified')
+                if key is None or modified is None:
+                    continue
+                uri = uri_of_key(key[len(self.key_prefix) :])
+                if uri is not None:
+                    touched = _aware(datetime.fromisoformat(modified.replace('Z', '+00:00')))
+                    yield StoredBlob(uri, key, touched)
+            token = _xml_text(root, 'NextContinuationToken')
+            if _xml_text(root, 'IsTruncated') != 'true' or not token:
+                return
+
+    async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
+        """`DELETE` the object; with `touched_before`, only if a `HEAD` just before finds it untouched since."""
+        if touched_before is not None:
+            head = await self._request('HEAD', blob.key)
+            if head.status_code == 404:
+                return False
+            if head.status_code != 200:
+                raise self._error('HEAD', blob.key, head)
+            modified = head.headers.get('last-modified')
+            if modified is None or _aware(parsedate_to_datetime(modified)) >= touched_before:
+                return False
+        response = await self._request('DELETE', blob.key)
+        if response.status_code not in (200, 204):
+            raise self._error('DELETE', blob.key, response)
+        return True
 
     async def aclose(self) -> None:
         """Close the HTTP client if this store created it."""

@@ -10,19 +10,22 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
+from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
 
-from sqlalchemy import select
+from sqlalchemy import delete, func, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from step_persistence.media.clock import media_now
 from step_persistence.media.keys import resolve_public_url
-from step_persistence.media.protocol import NO_CONTEXT, MediaContext, PublicUrlResolver
+from step_persistence.media.protocol import NO_CONTEXT, MediaContext, PublicUrlResolver, StoredBlob
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
 from step_persistence.stores.sql.blobs import BlobWriter, blob_row
 from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database
+from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.migrate import upgrade
 from step_persistence.stores.sql.schema import media
 
@@ -42,6 +45,8 @@ class SqlMediaStore:
     ON CONFLICT DO NOTHING`) and keeps the first put's `media_type`, `filename` and metadata. A
     read checks the bytes against the digest (`ValueError` if they differ). Rows are addressed by
     digest, so there is no key strategy; `public_url` resolves URLs for blobs served elsewhere.
+    A blob's touched time is `touched_at` (or `created_at` when it was never touched): `put` of
+    stored bytes and `touch` set it; `delete_blob` checks it in its `DELETE` statement.
     """
 
     transactional = True
@@ -85,9 +90,39 @@ class SqlMediaStore:
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
         uri = media_uri_for(data)
         row = blob_row(uri, data, context)
+
+        def write(transaction: Transaction) -> None:
+            if not self._touch(transaction, row['digest']):
+                self._blobs.write(transaction, [row])
+
         await self._ready()
-        await self._db.run(lambda transaction: self._blobs.write(transaction, [row]), write=True)
+        await self._db.run(write, write=True)
         return uri
+
+    @staticmethod
+    def _touch(transaction: Transaction, digest: str) -> bool:
+        statement = update(media).where(media.c.digest == digest).values(touched_at=media_now())
+        return bool(transaction.execute(statement).rowcount)
+
+    async def touch(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        digest = parse_media_uri(uri)
+        await self._ready()
+        return await self._db.run(lambda transaction: self._touch(transaction, digest), write=True)
+
+    async def list_blobs(self) -> AsyncIterator[StoredBlob]:
+        statement = select(media.c.digest, func.coalesce(media.c.touched_at, media.c.created_at))
+        await self._ready()
+        rows = await self._db.run(lambda transaction: transaction.execute(statement).all(), write=False)
+        for digest, touched in rows:
+            yield StoredBlob(f'media+sha256://{digest}', digest, touched)
+
+    async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
+        """Delete the row; with `touched_before`, in the same statement that checks its touched time."""
+        statement = delete(media).where(media.c.digest == blob.key)
+        if touched_before is not None:
+            statement = statement.where(func.coalesce(media.c.touched_at, media.c.created_at) < touched_before)
+        await self._ready()
+        return await self._db.run(lambda transaction: bool(transaction.execute(statement).rowcount), write=True)
 
     async def _column(self, uri: str, column: str) -> Any:
         """The blob's value in `column`; `FileNotFoundError` if there is no such blob."""

@@ -22,11 +22,13 @@ import binascii
 import weakref
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final
 
 import anyio
 
-from step_persistence.media.protocol import MediaContext, MediaStore
+from step_persistence.media.clock import REUSE_WINDOW, media_now
+from step_persistence.media.protocol import MediaContext, MediaStore, TouchableMediaStore
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     'MARKER_KEY',
     'MARKER_VERSION',
     'externalize_media',
+    'forget_stored_blob',
     'restore_media',
     'validate_threshold_bytes',
 ]
@@ -240,35 +243,55 @@ def _restore(node: Any, blobs: dict[tuple[str, str | None], bytes]) -> Any:
 
 
 class _KnownBlobs:
-    """Blobs this process has seen stored, per media store (weakly keyed, bounded per store).
+    """Blobs this process has seen stored, per media store (weakly keyed, bounded per store), and when.
 
     A store whose `transactional` attribute is true is never remembered: its writes belong to a
     database transaction that may still roll back (the SQL media store's do), so having seen a
-    blob stored proves nothing about the next call.
+    blob stored proves nothing about the next call. A blob is remembered for `REUSE_WINDOW`
+    only: after that the walker touches it again, so that a blob a new message refers to was
+    touched recently and `collect_media` (with a large enough grace) cannot take it.
     """
 
     def __init__(self) -> None:
-        self._by_store: weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], None]] = weakref.WeakKeyDictionary()
+        self._by_store: weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], datetime]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     def contains(self, store: MediaStore, key: tuple[str, str | None]) -> bool:
         try:
-            return key in self._by_store.get(store, {})
+            seen = self._by_store.get(store, {}).get(key)
         except TypeError:
             return False
+        return seen is not None and media_now() - seen < REUSE_WINDOW
 
-    def add(self, store: MediaStore, key: tuple[str, str | None]) -> None:
+    def add(self, store: MediaStore, key: tuple[str, str | None], *, at: datetime | None = None) -> None:
         if getattr(store, 'transactional', False):
             return
         try:
             known = self._by_store.setdefault(store, {})
         except TypeError:
             return
-        known[key] = None
+        known.pop(key, None)
+        known[key] = media_now() if at is None else at
         if len(known) > _KNOWN_LIMIT:
             del known[next(iter(known))]
 
+    def forget(self, store: MediaStore, uri: str) -> None:
+        try:
+            known = self._by_store.get(store)
+        except TypeError:
+            return
+        if known:
+            for key in [key for key in known if key[0] == uri]:
+                del known[key]
+
 
 _known = _KnownBlobs()
+
+
+def forget_stored_blob(media_store: MediaStore, uri: str) -> None:
+    """Tell the walker of this process that the blob at `uri` was deleted from `media_store`."""
+    _known.forget(media_store, uri)
 
 
 async def _run_all(jobs: Iterable[Callable[[], Awaitable[None]]]) -> None:
@@ -302,8 +325,9 @@ async def externalize_media(
 
     Every `BinaryContent` payload (a dict with `kind: 'binary'` whose `data` is base64) and every
     other string of at least `threshold_bytes` UTF-8 bytes becomes a marker. Blobs already stored
-    (seen stored by this process, or for which `exists` says so) are not sent again; the others
-    are put concurrently. A tree with nothing to externalize is returned as is, not copied.
+    (stored or touched by this process within `REUSE_WINDOW`, or for which `exists` says so, or
+    `touch` on a `TouchableMediaStore`, which also refreshes their touched time) are not sent
+    again; the others are put concurrently. A tree with nothing to externalize is returned as is, not copied.
     `tree` itself is never modified.
     """
     threshold = validate_threshold_bytes(threshold_bytes)
@@ -315,11 +339,16 @@ async def externalize_media(
     def storing(blob: _Blob) -> Callable[[], Awaitable[None]]:
         async def store() -> None:
             context = MediaContext(media_type=blob.media_type)
-            if not await media_store.exists(blob.uri, context=context):
+            started = media_now()
+            if isinstance(media_store, TouchableMediaStore):
+                stored = await media_store.touch(blob.uri, context=context)
+            else:
+                stored = await media_store.exists(blob.uri, context=context)
+            if not stored:
                 uri = await media_store.put(blob.data, context=context)
                 if uri != blob.uri:
                     raise ValueError(f'{type(media_store).__name__}.put returned {uri!r} for blob {blob.uri}')
-            _known.add(media_store, (blob.uri, blob.media_type))
+            _known.add(media_store, (blob.uri, blob.media_type), at=started)
 
         return store
 
@@ -344,7 +373,8 @@ async def restore_media(tree: Any, *, media_store: MediaStore) -> Any:
             uri, media_type = key
             data = await media_store.get(uri, context=MediaContext(media_type=media_type))
             blobs[key] = check_digest(uri, data)
-            _known.add(media_store, key)
+            if not isinstance(media_store, TouchableMediaStore):
+                _known.add(media_store, key)  # reading a blob does not touch it
 
         return fetch
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Self
 
 from step_persistence import lifecycle
 from step_persistence._history import EncodedMessage, decode_messages
+from step_persistence.collection import MediaCollection, validate_grace
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
@@ -178,6 +179,11 @@ class InMemoryStepStore:
         return await lifecycle.prune_runs(
             self, older_than=older_than, statuses=statuses, include_running=include_running
         )
+
+    async def collect_media(self, *, grace: timedelta) -> MediaCollection:
+        """Nothing to collect: a snapshot's messages go with it, and media stays inline."""
+        validate_grace(grace)
+        return MediaCollection(messages=0, blobs=0)
 
     async def aclose(self) -> None:
         """Nothing to release: the data lives as long as the store object."""

@@ -20,6 +20,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
+from step_persistence.collection import MediaCollection
+from step_persistence.media.clock import REUSE_WINDOW, advanced_media_clock
 from step_persistence.protocol import StepStore, write_steps
 from step_persistence.records import (
     ContinuableSnapshot,
@@ -749,6 +751,127 @@ class StepStoreConformance:
         with pytest.raises(ValueError, match='string'):
             await store.prune_runs(older_than=utc_now(), statuses='completed')  # type: ignore[arg-type]
         await self._assert_intact(store, 'old')
+
+    # --- collect_media: orphaned messages and media blobs ---
+
+    @staticmethod
+    def _payload(tag: str) -> bytes:
+        """100 KiB of bytes unique to `tag`: above any media threshold."""
+        return tag.encode() + bytes(range(256)) * 400
+
+    @staticmethod
+    def _media_turn(step: int, *payloads: bytes) -> list[ModelMessage]:
+        """A model response and a request carrying `payloads` as binary content."""
+        images = [BinaryContent(data=payload, media_type='application/octet-stream') for payload in payloads]
+        return [
+            ModelResponse(parts=[TextPart(content=f'look {step}')], timestamp=T0),
+            ModelRequest(parts=[UserPromptPart(content=[f'see {step}', *images], timestamp=T0)]),
+        ]
+
+    async def _save_history(self, store: StepStore, run_id: str, step: int, history: list[ModelMessage]) -> None:
+        await store.save_snapshot(_snapshot(run_id, step, messages=history))
+
+    async def _assert_histories(self, store: StepStore, run_id: str, saved: Mapping[int, list[ModelMessage]]) -> None:
+        """Every retained snapshot of the run reads back exactly as saved (payloads byte-identical)."""
+        snapshots = await store.list_snapshots(run_id=run_id, include_interrupted=True)
+        assert snapshots, f'run {run_id!r} has no snapshots left'
+        for snapshot in snapshots:
+            assert _dump(snapshot.messages) == _dump(saved[snapshot.step_index])
+
+    async def test_collect_media_rejects_a_bad_grace(self, store: StepStore) -> None:
+        with pytest.raises(ValueError, match='grace'):
+            await store.collect_media(grace=timedelta(seconds=-1))
+        with pytest.raises(ValueError, match='grace'):
+            await store.collect_media(grace=60)  # type: ignore[arg-type]
+
+    async def test_collect_media_of_an_empty_store_reclaims_nothing(self, store: StepStore) -> None:
+        assert await store.collect_media(grace=timedelta(0)) == MediaCollection(messages=0, blobs=0)
+
+    async def test_collect_media_reclaims_unused_messages(self, make_store: StoreFactory) -> None:
+        store = await make_store(max_snapshots_per_run=1)
+        await self._register(store, 'r')
+        start: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart(content='start', timestamp=T0)])]
+        first = start + self._media_turn(1, self._payload('first'))
+        second = start + self._media_turn(2, self._payload('second'))  # same length: the last positions change
+        await self._save_history(store, 'r', 1, first)
+        await self._save_history(store, 'r', 2, second)  # retention drops the first snapshot
+        collected = await store.collect_media(grace=timedelta(0))
+        await self._assert_histories(store, 'r', {2: second})
+        assert (await store.collect_media(grace=timedelta(0))).messages == 0
+        await self._save_history(store, 'r', 3, first)  # old content again: stored anew where it was reclaimed
+        await self._assert_histories(store, 'r', {3: first})
+        assert collected.messages >= 1
+
+    async def test_collect_media_deletes_unreferenced_blobs(self, make_store: StoreFactory) -> None:
+        store = await make_store(max_snapshots_per_run=2)
+        for run_id in ('keep', 'gone'):
+            await self._register(store, run_id)
+        shared = self._payload('shared')
+        history: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart(content='start', timestamp=T0)])]
+        saved: dict[int, list[ModelMessage]] = {}
+        for step in range(1, 4):
+            history = history + self._media_turn(step, shared, self._payload(f'keep {step}'))
+            saved[step] = history
+            await self._save_history(store, 'keep', step, history)
+        gone = self._media_turn(1, shared, self._payload('gone'))
+        await self._save_history(store, 'gone', 1, gone)
+        await store.delete_run(run_id='gone')
+        collected = await store.collect_media(grace=timedelta(0))
+        await self._assert_histories(store, 'keep', saved)
+        assert await store.collect_media(grace=timedelta(0)) == MediaCollection(messages=0, blobs=0)
+        await self._register(store, 'again')  # a deleted blob is stored again when a new message needs it
+        await self._save_history(store, 'again', 1, gone)
+        await self._assert_histories(store, 'again', {1: gone})
+        assert collected.blobs >= 1
+
+    async def test_collect_media_grace_keeps_recent_blobs(self, store: StepStore) -> None:
+        await self._register(store, 'gone')
+        await self._save_history(store, 'gone', 1, self._media_turn(1, self._payload('recent')))
+        await store.delete_run(run_id='gone')
+        assert (await store.collect_media(grace=timedelta(hours=1))).blobs == 0
+        with advanced_media_clock(timedelta(hours=2)):
+            assert (await store.collect_media(grace=timedelta(hours=1))).blobs >= 1
+
+    async def test_collect_media_while_a_writer_reuses_and_adds_blobs(self, make_store: StoreFactory) -> None:
+        """A writer saves snapshots reusing an old, unreferenced blob (and adding new ones) while
+        collection runs again and again with a grace longer than `REUSE_WINDOW`; every retained
+        snapshot reads back intact."""
+        store = await make_store(max_snapshots_per_run=3)
+        for run_id in ('old', 'live'):
+            await self._register(store, run_id)
+        shared = self._payload('shared')
+        await self._save_history(store, 'old', 1, self._media_turn(1, shared, self._payload('old')))
+        await store.delete_run(run_id='old')  # `shared` is now old news, referenced by nothing
+        grace = REUSE_WINDOW + timedelta(minutes=5)
+        saved: dict[int, list[ModelMessage]] = {}
+        finished = asyncio.Event()
+
+        async def write() -> None:
+            history: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart(content='start', timestamp=T0)])]
+            try:
+                for step in range(1, 13):
+                    history = history + self._media_turn(step, shared, self._payload(f'live {step}'))
+                    saved[step] = history
+                    await self._save_history(store, 'live', step, history)
+            finally:
+                finished.set()
+
+        async def collect() -> int:
+            rounds = 0
+            while not finished.is_set():
+                await store.collect_media(grace=grace)
+                rounds += 1
+                await asyncio.sleep(0)  # let the writer run even if collecting never waits
+            return rounds
+
+        with advanced_media_clock(grace + REUSE_WINDOW):  # what was stored so far is now old
+            rounds, _ = await asyncio.gather(collect(), write())
+            await store.collect_media(grace=grace)
+            await self._assert_histories(store, 'live', saved)
+        assert rounds >= 1
+        with advanced_media_clock(2 * grace + 2 * REUSE_WINDOW):
+            await store.collect_media(grace=grace)
+            await self._assert_histories(store, 'live', saved)
 
     # --- bad input ---
 

@@ -10,7 +10,7 @@ import threading
 import time
 from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from pathlib import Path
 from types import TracebackType
@@ -22,6 +22,7 @@ import anyio.to_thread
 from step_persistence import lifecycle
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence._reading import read_or_skip
+from step_persistence.collection import MediaCollection
 from step_persistence.media.disk import DiskMediaStore
 from step_persistence.media.protocol import MediaStore
 from step_persistence.records import (
@@ -35,6 +36,7 @@ from step_persistence.records import (
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
 from step_persistence.stores._ordering import RunTurns
+from step_persistence.stores.file import collection as file_collection
 from step_persistence.stores.file._codec import (
     SnapshotEntry,
     dump_run_file,
@@ -412,6 +414,12 @@ class FileStepStore:
                 return dict(index.effects.records)
         except RunNotRegistered:
             return {}
+
+    # --- collection ---
+
+    async def collect_media(self, *, grace: timedelta) -> MediaCollection:
+        """Delete unreferenced blobs of the media store; message lines are kept (see `file/collection.py`)."""
+        return await file_collection.collect_media(self.directory, self.media_store, grace=grace)
 
     # --- lifetime ---
 

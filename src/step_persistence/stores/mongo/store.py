@@ -9,7 +9,7 @@ so a standalone server works as well as a replica set. See docs/mongo.md.
 from __future__ import annotations
 
 from collections.abc import Collection
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from types import TracebackType
 from typing import Any, Final, Self
@@ -19,6 +19,7 @@ from pymongo.errors import DuplicateKeyError
 
 from step_persistence import lifecycle
 from step_persistence._reading import read_or_skip, read_or_skip_async
+from step_persistence.collection import MediaCollection
 from step_persistence.media.protocol import MediaStore
 from step_persistence.media.walker import DEFAULT_THRESHOLD_BYTES
 from step_persistence.records import (
@@ -32,6 +33,7 @@ from step_persistence.records import (
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import MediaSetting, MessageMedia
+from step_persistence.stores.mongo import _collection as mongo_collection
 from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
 from step_persistence.stores.mongo._counters import Counters
 from step_persistence.stores.mongo._documents import (
@@ -309,6 +311,10 @@ class MongoStepStore:
         await self._messages.delete_run(run_id)
         await self._counters.delete_run(run_id)
         await self._runs.delete_one({'_id': run_id})
+
+    async def collect_media(self, *, grace: timedelta) -> MediaCollection:
+        """Delete message documents no snapshot uses and unreferenced blobs (see `_collection.py`)."""
+        return await mongo_collection.collect_media(self._db, self.media_store, grace=grace)
 
     async def aclose(self) -> None:
         """Finish writes still running, then close the client if the store built it from `db_url`.

@@ -13,9 +13,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from step_persistence.media.protocol import NO_CONTEXT, MediaContext, MediaStore
+from step_persistence.media.clock import media_now
+from step_persistence.media.protocol import NO_CONTEXT, MediaContext, MediaStore, TouchableMediaStore
 from step_persistence.media.uri import media_uri_for, parse_media_uri
-from step_persistence.records import utc_now
 from step_persistence.stores.sql.dialects import dialect_insert
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import media
@@ -31,7 +31,7 @@ def blob_row(uri: str, data: bytes, context: MediaContext) -> dict[str, Any]:
         'media_type': context.media_type,
         'filename': context.filename,
         'metadata': dict(context.metadata),
-        'created_at': utc_now(),
+        'created_at': media_now(),
     }
 
 
@@ -76,6 +76,14 @@ class StagedBlobs:
 
     async def exists(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
         return parse_media_uri(uri) in self._rows or await self._store.exists(uri, context=context)
+
+    async def touch(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        """Refresh a stored blob's touched time (in a transaction of its own) before a message reuses it."""
+        if parse_media_uri(uri) in self._rows:
+            return True
+        if isinstance(self._store, TouchableMediaStore):
+            return await self._store.touch(uri, context=context)
+        return await self._store.exists(uri, context=context)
 
     async def public_url(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str | None:
         return await self._store.public_url(uri, context=context)

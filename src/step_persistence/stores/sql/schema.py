@@ -222,6 +222,9 @@ class Media(Base):
     filename: Mapped[str | None] = mapped_column(String)
     metadata_: Mapped[dict[str, str]] = mapped_column('metadata', JSON_DOCUMENT)
     created_at: Mapped[datetime] = mapped_column(DateTimeUTC)
+    touched_at: Mapped[datetime | None] = mapped_column(DateTimeUTC)
+    """When the blob was last put again or reused (`NULL`: never since `created_at`); `collect_media`
+    deletes an unreferenced blob only when this (or `created_at`) is older than its grace."""
 
 
 runs: Table = Base.metadata.tables['runs']

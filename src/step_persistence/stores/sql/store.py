@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from functools import partial
 from types import TracebackType
 from typing import Any, Self
@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from step_persistence import lifecycle
 from step_persistence._reading import read_or_skip, read_or_skip_async
+from step_persistence.collection import MediaCollection
 from step_persistence.media.protocol import MediaStore
 from step_persistence.records import (
     ContinuableSnapshot,
@@ -34,6 +35,7 @@ from step_persistence.records import (
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
+from step_persistence.stores.sql import collection as sql_collection
 from step_persistence.stores.sql import lifecycle as sql_lifecycle
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.database import Database
@@ -322,6 +324,11 @@ class SqlStepStore:
             include_running=include_running,
             candidates=[record for record in candidates if record is not None],
         )
+
+    async def collect_media(self, *, grace: timedelta) -> MediaCollection:
+        """Delete message rows no snapshot uses and unreferenced blobs (see `stores/sql/collection.py`)."""
+        await self._ready()
+        return await sql_collection.collect_media(self._db, self.media_store, grace=grace)
 
     async def aclose(self) -> None:
         """Dispose of the engine if the store created it from a URL; never touch a caller's engine or connection."""
