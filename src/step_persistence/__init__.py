@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from step_persistence.capability import SnapshotSaved, StepPersistence
+    from step_persistence.collection import MediaCollection
     from step_persistence.copying import CopyReport, RunCopy, copy_runs
     from step_persistence.helpers import (
         RecoveryReport,
@@ -40,6 +41,7 @@ if TYPE_CHECKING:
 _MODULES: dict[str, str] = {
     'SnapshotSaved': 'step_persistence.capability',
     'StepPersistence': 'step_persistence.capability',
+    'MediaCollection': 'step_persistence.collection',
     'CopyReport': 'step_persistence.copying',
     'RunCopy': 'step_persistence.copying',
     'copy_runs': 'step_persistence.copying',
@@ -73,6 +75,7 @@ __all__ = [
     'EventKind',
     'FileStepStore',
     'InMemoryStepStore',
+    'MediaCollection',
     'MongoStepStore',
     'PostgresStepStore',
     'RecoveryReport',

@@ -8,9 +8,18 @@ place; `restore_media` puts the original bytes and text back. See docs/media.md.
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
+from step_persistence.media.clock import REUSE_WINDOW
 from step_persistence.media.disk import DiskMediaStore
 from step_persistence.media.keys import default_key_strategy, make_static_public_url
-from step_persistence.media.protocol import KeyStrategy, MediaContext, MediaStore, PublicUrlResolver
+from step_persistence.media.protocol import (
+    CollectableMediaStore,
+    KeyStrategy,
+    MediaContext,
+    MediaStore,
+    PublicUrlResolver,
+    StoredBlob,
+    TouchableMediaStore,
+)
 from step_persistence.media.s3 import S3MediaStore
 from step_persistence.media.uri import media_uri_for, parse_media_uri
 from step_persistence.media.walker import externalize_media, restore_media
@@ -28,6 +37,8 @@ _LAZY: dict[str, str] = {
 """Stores imported on first use: the MongoDB driver is optional, and SQLAlchemy with Alembic is heavy."""
 
 __all__ = [
+    'REUSE_WINDOW',
+    'CollectableMediaStore',
     'DiskMediaStore',
     'KeyStrategy',
     'MediaContext',
@@ -38,6 +49,8 @@ __all__ = [
     'S3MediaStore',
     'SqlMediaStore',
     'SqliteMediaStore',
+    'StoredBlob',
+    'TouchableMediaStore',
     'default_key_strategy',
     'externalize_media',
     'make_static_public_url',
