@@ -8,6 +8,7 @@ import typer
 
 from step_persistence.cli import db, runs
 from step_persistence.cli._common import DEFAULT_STORE
+from step_persistence.cli.copy import copy
 from step_persistence.cli.report import report
 
 __all__ = ['app', 'main']
@@ -15,7 +16,8 @@ __all__ = ['app', 'main']
 app = typer.Typer(
     help=(
         'Inspect and manage step-persistence stores. '
-        'Exit codes: 0 ok, 1 migration refused, 2 usage, 3 not found, 4 unreachable store.'
+        'Exit codes: 0 ok, 1 migration refused or runs not copied, 2 usage, 3 not found, '
+        '4 unreachable store, 5 database error.'
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -23,6 +25,7 @@ app = typer.Typer(
 app.add_typer(runs.app, name='runs')
 app.add_typer(db.app, name='db')
 app.command()(report)
+app.command()(copy)
 
 
 @app.command()

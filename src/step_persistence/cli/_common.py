@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
 from pydantic import BaseModel
@@ -19,14 +20,19 @@ from step_persistence.protocol import StepStore
 from step_persistence.spec import from_spec, redact_url
 
 __all__ = [
+    'EXIT_DATABASE',
+    'EXIT_FAILED',
     'EXIT_NOT_FOUND',
     'EXIT_UNREACHABLE',
     'EXIT_USAGE',
     'JsonOption',
     'StoreOption',
+    'classify_error',
     'console',
+    'error_console',
     'fail',
     'open_store',
+    'parse_duration',
     'parse_since',
     'print_json',
     'run',
@@ -40,6 +46,10 @@ EXIT_NOT_FOUND = 3
 """The run (or revision) asked for does not exist."""
 EXIT_UNREACHABLE = 4
 """The store's server or file could not be reached or opened."""
+EXIT_DATABASE = 5
+"""The database refused an operation: locked, a missing table, a statement it rejects."""
+EXIT_FAILED = 1
+"""The command ran but did not do all it was asked (some runs could not be copied)."""
 
 DEFAULT_STORE = 'sqlite:///runs.db'
 
@@ -83,13 +93,37 @@ def print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(_jsonable(value), indent=2, ensure_ascii=False) + '\n')
 
 
+_DURATION = re.compile(r'(?P<amount>\d+)\s*(?P<unit>[smhdw])')
+_UNITS = {'s': 'seconds', 'm': 'minutes', 'h': 'hours', 'd': 'days', 'w': 'weeks'}
+
+
+def duration(text: str) -> timedelta | None:
+    """A duration such as `90s`, `30m`, `12h`, `7d`, `2w` or `1d12h`; `None` if `text` is not one."""
+    compact = text.strip().lower()
+    parts = list(_DURATION.finditer(compact))
+    if not parts or ''.join(part[0] for part in parts).replace(' ', '') != compact.replace(' ', ''):
+        return None
+    total = timedelta()
+    for part in parts:
+        total += timedelta(**{_UNITS[part['unit']]: int(part['amount'])})
+    return total
+
+
+def parse_duration(text: str, option: str) -> timedelta:
+    """`option`'s value as a duration, or a usage error naming the accepted forms."""
+    parsed = duration(text)
+    if parsed is None:
+        fail(f'{option} {text!r} is not a duration like 90s, 30m, 12h, 7d or 2w', EXIT_USAGE)
+    return parsed
+
+
 def parse_since(text: str | None) -> datetime | None:
     """`--since`: an ISO-8601 instant, or a duration back from now such as `30m`, `12h`, `7d`."""
     if text is None:
         return None
-    units = {'s': 'seconds', 'm': 'minutes', 'h': 'hours', 'd': 'days', 'w': 'weeks'}
-    if text[:-1].isdigit() and text[-1:] in units:
-        return datetime.now().astimezone() - timedelta(**{units[text[-1]]: int(text[:-1])})
+    back = duration(text)
+    if back is not None:
+        return datetime.now().astimezone() - back
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
@@ -109,29 +143,95 @@ async def open_store(url: str) -> AsyncIterator[StepStore]:
 
 
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run a command's coroutine, turning lookup and connection failures into exit codes."""
+    """Run a command's coroutine, turning lookup, connection and database failures into exit codes."""
     try:
         return asyncio.run(main())
     except LookupError as error:
         fail(str(error).strip('\'"'), EXIT_NOT_FOUND)
-    except (OSError, TimeoutError, ConnectionError) as error:
-        fail(f'cannot reach the store: {redact_url(str(error))}', EXIT_UNREACHABLE)
     except Exception as error:
-        if _is_connection_error(error):
+        kind = classify_error(error)
+        if kind == 'unreachable':
             fail(f'cannot reach the store: {redact_url(str(error))}', EXIT_UNREACHABLE)
+        if kind == 'database':
+            fail(f'the database refused the operation: {redact_url(_database_message(error))}', EXIT_DATABASE)
         raise
 
 
-def _is_connection_error(error: BaseException) -> bool:
-    """Driver errors that mean the server is unreachable (checked by name: drivers are optional)."""
-    names = {type(cause).__name__ for cause in _causes(error)}
-    return bool(names & {'OperationalError', 'ServerSelectionTimeoutError', 'ConnectionFailure', 'InterfaceError'})
+ErrorKind = Literal['unreachable', 'database', 'other']
+
+_CONNECTION_SQLSTATES = ('08', '28', '3D000', '57P03', '53300')
+"""PostgreSQL SQLSTATEs of a server that cannot be connected to: connection exceptions (class 08),
+rejected credentials (28), no such database, starting up or shutting down, too many connections."""
+
+_SQLITE_CANNOT_OPEN = 'unable to open database file'
+
+_DATABASE_ERRORS = {
+    ('sqlalchemy.exc', 'DBAPIError'),
+    ('sqlite3', 'Error'),
+    ('pymongo.errors', 'PyMongoError'),
+    ('asyncpg.exceptions._base', 'PostgresError'),
+    ('asyncpg.exceptions._base', 'InterfaceError'),
+}
+"""Driver errors (matched by module and name: drivers are optional) that a database raised."""
+
+
+def classify_error(error: BaseException) -> ErrorKind:
+    """Whether `error` means the store could not be reached or opened, or the database refused an operation.
+
+    Unreachable: an OS-level connection failure (refused, timed out, no route, a file store
+    directory that cannot be used), a connection SQLAlchemy invalidated, a PostgreSQL connection
+    or authentication failure, a MongoDB connection failure or server selection timeout, or
+    SQLite's "unable to open database file". Any other driver error (a locked database, a missing
+    table, a refused statement) is a database error.
+    """
+    chain = _causes(error)
+    for cause in chain:
+        if isinstance(cause, OSError | TimeoutError):
+            return 'unreachable'
+        if getattr(cause, 'connection_invalidated', False) is True:
+            return 'unreachable'
+        sqlstate = getattr(cause, 'sqlstate', None)
+        if isinstance(sqlstate, str) and sqlstate.startswith(_CONNECTION_SQLSTATES):
+            return 'unreachable'
+        if _is_a(cause, 'pymongo.errors', 'ConnectionFailure'):
+            return 'unreachable'
+        if _is_a(cause, 'pymongo.errors', 'OperationFailure') and getattr(cause, 'code', None) == 18:
+            return 'unreachable'  # AuthenticationFailed
+        if _is_a(cause, 'sqlite3', 'OperationalError') and _SQLITE_CANNOT_OPEN in str(cause):
+            return 'unreachable'
+    if any(_is_a(cause, module, name) for cause in chain for module, name in _DATABASE_ERRORS):
+        return 'database'
+    return 'other'
+
+
+def _is_a(error: BaseException, module: str, name: str) -> bool:
+    return any(cls.__module__ == module and cls.__name__ == name for cls in type(error).__mro__)
+
+
+def _database_message(error: BaseException) -> str:
+    """The driver's own message (SQLAlchemy's wrapper adds a link to its docs), with its type."""
+    for cause in _causes(error):
+        if _is_a(cause, 'sqlalchemy.exc', 'DBAPIError'):
+            orig = getattr(cause, 'orig', None)
+            if isinstance(orig, BaseException):
+                return f'{type(orig).__name__}: {orig}'
+    return f'{type(error).__name__}: {error}'
 
 
 def _causes(error: BaseException) -> list[BaseException]:
+    """`error`, what it was raised from or while handling, and a SQLAlchemy wrapper's driver error."""
     chain: list[BaseException] = []
-    current: BaseException | None = error
-    while current is not None and current not in chain:
+    pending: list[BaseException] = [error]
+    while pending:
+        current = pending.pop(0)
+        if current in chain:
+            continue
         chain.append(current)
-        current = current.__cause__ or current.__context__
+        orig = getattr(current, 'orig', None)
+        if isinstance(orig, BaseException):
+            pending.append(orig)
+        if current.__cause__ is not None:
+            pending.append(current.__cause__)
+        elif current.__context__ is not None and not current.__suppress_context__:
+            pending.append(current.__context__)
     return chain
