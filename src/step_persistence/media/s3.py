@@ -313,16 +313,17 @@ class S3MediaStore:
                 return
 
     async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
-        """`DELETE` the object; with `touched_before`, only if a `HEAD` just before finds it untouched since."""
-        if touched_before is not None:
-            head = await self._request('HEAD', blob.key)
-            if head.status_code == 404:
-                return False
-            if head.status_code != 200:
-                raise self._error('HEAD', blob.key, head)
-            modified = head.headers.get('last-modified')
-            if modified is None or _aware(parsedate_to_datetime(modified)) >= touched_before:
-                return False
+        """`DELETE` the object if a `HEAD` just before finds it (with `touched_before`: untouched since)."""
+        head = await self._request('HEAD', blob.key)
+        if head.status_code == 404:
+            return False
+        if head.status_code != 200:
+            raise self._error('HEAD', blob.key, head)
+        modified = head.headers.get('last-modified')
+        if touched_before is not None and (
+            modified is None or _aware(parsedate_to_datetime(modified)) >= touched_before
+        ):
+            return False
         response = await self._request('DELETE', blob.key)
         if response.status_code not in (200, 204):
             raise self._error('DELETE', blob.key, response)
