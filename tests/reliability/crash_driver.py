@@ -91,6 +91,14 @@ class Zygote:
                 os.kill(pid, signal.SIGKILL)
                 child.killed_at = message
 
+    def write_concurrently(self, jobs: list[dict[str, Any]]) -> list[int]:
+        """Fork one writer per job (see `crash_zygote.WRITERS`), start them together; their exit codes."""
+        self._send(json.dumps({'writers': jobs}))
+        message = self._read()
+        assert message['op'] == 'exit', message
+        statuses: list[int] = message['statuses']
+        return statuses
+
     def close(self) -> None:
         self._stdin.close()
         try:

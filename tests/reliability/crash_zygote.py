@@ -1,8 +1,11 @@
-"""The crash tests' zygote: imports pydantic-ai and every store once, then forks one child per agent run.
+"""The reliability tests' zygote: imports pydantic-ai and every store once, then forks children.
 
-Usage: python crash_zygote.py. Prints `ready` once imported. Then, for each JSON line read on stdin
-(a run command, see `run_agent`), it forks a child that runs one scripted agent, waits for the
-child to end (normally or killed), and prints `{"op": "exit", "status": <exit code>}`.
+Usage: python crash_zygote.py. Prints `ready` once imported and warmed up. Then, for each JSON line
+read on stdin, either
+- a run command (see `run_agent`): it forks a child that runs one scripted agent, waits for the
+  child to end (normally or killed), and prints `{"op": "exit", "status": <exit code>}`; or
+- `{"writers": [job, ...]}` (see `WRITERS`): it forks one child per job, releases them all at the
+  same moment, waits for all, and prints `{"op": "exit", "statuses": [<exit code>, ...]}`.
 
 The child talks to the test directly over the zygote's stdin and stdout (the zygote reads nothing
 while a child lives). Protocol, one JSON object per line, numbered from 1 after `hello`: the child
@@ -46,6 +49,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
 from scripted import calls, scripted, text
+from sql.writer import write as write_runs
 from step_persistence import StepPersistence, StepStore, annotate_tool_effect, from_spec
 from step_persistence._history import decode_messages
 from step_persistence.protocol import write_steps
@@ -53,6 +57,7 @@ from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, 
 from step_persistence.stores.file._io import FileIo
 from step_persistence.stores.mongo import MongoStepStore
 from step_persistence.stores.sql import SqliteStepStore  # noqa: F401  (imported once, before forking)
+from step_persistence.testing.conformance import sample_history
 
 CONVERSATION = 'crash'
 """The conversation every crash run belongs to."""
@@ -333,11 +338,62 @@ def warm_up() -> None:
         time.sleep(0.01)
 
 
+async def save_snapshots(spec: dict[str, Any], run_id: str, writer: int, count: int) -> None:
+    """Save `count` snapshots of `run_id`: step index `writer * 1000 + i`, key `writer-i`, every third interrupted."""
+    async with from_spec(**spec) as store:
+        for number in range(count):
+            await store.save_snapshot(keyed_snapshot(run_id, writer, number))
+
+
+def keyed_snapshot(run_id: str, writer: int, number: int) -> ContinuableSnapshot:
+    step = writer * 1000 + number
+    return ContinuableSnapshot(
+        run_id=run_id,
+        step_index=step,
+        messages=sample_history(1, tag=f'{writer}-{number}'),
+        state='interrupted' if number % 3 == 0 else 'complete',
+        idempotency_key=f'{writer}-{number}',
+    )
+
+
+WRITERS: dict[str, Any] = {'runs': write_runs, 'snapshots': save_snapshots}
+"""Writer jobs: `{"kind": "runs", "args": {"spec", "prefix", "count"}}` (`tests/sql/writer.py`: COUNT runs
+named PREFIX-<n>, each with three events, two snapshots and a tool effect), or `{"kind": "snapshots",
+"args": {"spec", "run_id", "writer", "count"}}` (`save_snapshots`)."""
+
+
+def run_writers(jobs: list[dict[str, Any]]) -> list[int]:
+    release_read, release_write = os.pipe()
+    pids: list[int] = []
+    for job in jobs:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                os.close(release_write)
+                os.dup2(2, 1)
+                os.read(release_read, 1)  # returns when the zygote closes the pipe: every writer starts now
+                asyncio.run(WRITERS[job['kind']](**job['args']))
+                code = 0
+            except BaseException:
+                traceback.print_exc()
+            finally:
+                sys.stderr.flush()
+                os._exit(code)
+        pids.append(pid)
+    os.close(release_read)
+    os.close(release_write)
+    return [os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) for pid in pids]
+
+
 def main() -> None:
     warm_up()
     write_line(1, {'op': 'ready'})
     while line := read_line(0):
         command = json.loads(line)
+        if 'writers' in command:
+            write_line(1, {'op': 'exit', 'statuses': run_writers(command['writers'])})
+            continue
         pid = os.fork()
         if pid == 0:
             code = 1

@@ -11,7 +11,6 @@ kill may have left; a fresh store must show exactly one of them.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,15 +29,6 @@ pytestmark = pytest.mark.anyio
 KILLS_PER_BACKEND = 32
 CRASH_BACKENDS = ['file', 'sqlite', 'postgres', 'mongo']
 TRANSACTIONAL = {'sqlite', 'postgres'}
-
-
-@pytest.fixture(scope='module')
-def zygote(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Zygote]:
-    started = Zygote(tmp_path_factory.mktemp('crash') / 'children.log')
-    try:
-        yield started
-    finally:
-        started.close()
 
 
 @dataclass
