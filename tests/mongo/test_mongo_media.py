@@ -81,7 +81,8 @@ async def test_damaged_blobs_are_value_errors(scratch: Scratch) -> None:
     database = scratch.fresh_database()
     store = media_in(scratch, database, chunk_size_bytes=4)
     first, second = await store.put(b'missing a chunk'), await store.put(b'bad metadata')
-    await scratch.client[database]['media_chunks'].delete_one({'files_id': f'{first[-64:]}/4', 'n': 1})
+    manifest = await scratch.client[database]['media'].find_one({'_id': first[-64:]})
+    await scratch.client[database]['media_chunks'].delete_one({'files_id': manifest['files_id'], 'n': 1})
     with pytest.raises(ValueError, match='corrupt: chunk 1 is missing'):
         await store.get(first)
     await scratch.client[database]['media'].update_one({'_id': second[-64:]}, {'$set': {'metadata': '[1]'}})
