@@ -1,0 +1,158 @@
+"""`list_runs` and `latest_snapshot` are answered from indexes, on SQLite and on PostgreSQL.
+
+Asserted on the query plans of the statements the store actually sends (captured from the
+engine), never on timings: SQLite's `EXPLAIN QUERY PLAN`, and PostgreSQL's `EXPLAIN` with
+sequential scans, bitmap scans and sorts disabled, so that the planner reads an index in order
+whenever one can answer the query (on tables this small it would otherwise scan and sort, which
+says nothing about large ones; a disabled node still appears when nothing else can answer).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from sql.databases import EmptyDatabase
+from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
+from step_persistence.testing.conformance import T0
+
+pytestmark = pytest.mark.anyio
+
+Captured = list[tuple[str, Any]]
+
+
+@pytest.fixture
+async def engine(empty_database: EmptyDatabase) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(empty_database.url)
+    try:
+        yield engine
+    finally:
+        await engine.dispose()
+
+
+@pytest.fixture
+async def store(engine: AsyncEngine) -> AsyncIterator[SqlStepStore]:
+    """A store on `engine` holding a few runs (two conversations, two parents) and snapshots."""
+    store = SqlStepStore(engine)
+    await store.migrate()
+    for number in range(12):
+        await store.register_run(
+            RunRecord(
+                run_id=f'run-{number}',
+                conversation_id=f'conversation-{number % 2}',
+                parent_run_id=f'parent-{number % 3}',
+                started_at=T0,
+            )
+        )
+    history = [ModelRequest.user_text_prompt('hello'), ModelResponse(parts=[TextPart('hi')])]
+    for number in range(6):
+        await store.save_snapshot(
+            ContinuableSnapshot(
+                run_id='run-0',
+                step_index=number,
+                messages=history[: 1 + number % 2],
+                state='complete' if number % 2 else 'interrupted',
+            )
+        )
+    yield store
+    await store.aclose()
+
+
+async def _selects(engine: AsyncEngine, read: Callable[[], Awaitable[object]]) -> Captured:
+    """The SELECT statements (with their driver parameters) that `read` sends through `engine`."""
+    captured: Captured = []
+
+    def capture(connection: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
+        if statement.lstrip().upper().startswith('SELECT'):
+            captured.append((statement, parameters))
+
+    event.listen(engine.sync_engine, 'before_cursor_execute', capture)
+    try:
+        await read()
+    finally:
+        event.remove(engine.sync_engine, 'before_cursor_execute', capture)
+    assert captured, 'the read sent no SELECT'
+    return captured
+
+
+async def _plan(engine: AsyncEngine, statement: str, parameters: Any) -> str:
+    """The plan of one captured statement, as text (one line per plan node)."""
+    async with engine.connect() as connection:
+        if engine.dialect.name == 'sqlite':
+            found = await connection.exec_driver_sql(f'EXPLAIN QUERY PLAN {statement}', parameters)
+            return '\n'.join(str(row[-1]) for row in found)
+        for setting in ('enable_seqscan', 'enable_bitmapscan', 'enable_sort'):
+            await connection.exec_driver_sql(f'SET {setting} = off')
+        found = await connection.exec_driver_sql(f'EXPLAIN {statement}', parameters)
+        return '\n'.join(str(row[0]) for row in found)
+
+
+async def _plans(engine: AsyncEngine, read: Callable[[], Awaitable[object]]) -> list[str]:
+    return [await _plan(engine, statement, parameters) for statement, parameters in await _selects(engine, read)]
+
+
+def _assert_no_full_scan(plan: str, table: str) -> None:
+    """No plan node reads every row of `table`."""
+    sqlite_scan = re.search(rf'^SCAN {table}\b(?! USING (COVERING )?INDEX)', plan, re.MULTILINE)
+    postgres_scan = re.search(rf'Seq Scan on {table}\b', plan)
+    assert sqlite_scan is None and postgres_scan is None, plan
+
+
+def _assert_uses_index(plan: str, table: str, index: str) -> None:
+    """`table` is read through `index` (SQLite: SEARCH/SCAN ... USING INDEX; PostgreSQL: an index scan)."""
+    sqlite = re.search(rf'^(SEARCH|SCAN) {table} USING (COVERING )?INDEX {index}\b', plan, re.MULTILINE)
+    postgres = re.search(rf'(Index Scan|Index Only Scan|Bitmap Index Scan)( Backward)? (using|on) {index}\b', plan)
+    assert sqlite is not None or postgres is not None, plan
+    _assert_no_full_scan(plan, table)
+
+
+def _assert_no_sort(plan: str) -> None:
+    """The index gives the order: no temporary B-tree (SQLite) or sort node (PostgreSQL)."""
+    assert 'USE TEMP B-TREE FOR ORDER BY' not in plan, plan
+    assert not re.search(r'^\s*(->\s*)?(Incremental )?Sort\b', plan, re.MULTILINE), plan
+
+
+@pytest.mark.parametrize(
+    ('filters', 'index'),
+    [
+        ({'conversation_id': 'conversation-1'}, 'ix_runs_conversation_id_started_at_id'),
+        ({'parent_run_id': 'parent-2'}, 'ix_runs_parent_run_id_started_at_id'),
+        ({}, 'ix_runs_started_at_id'),
+    ],
+    ids=['by conversation', 'by parent', 'all'],
+)
+async def test_list_runs_reads_an_index_in_order(
+    engine: AsyncEngine, store: SqlStepStore, filters: dict[str, str], index: str
+) -> None:
+    (plan,) = await _plans(engine, lambda: store.list_runs(**filters))
+    _assert_uses_index(plan, 'runs', index)
+    _assert_no_sort(plan)
+
+
+@pytest.mark.parametrize('include_interrupted', [False, True], ids=['complete', 'any state'])
+async def test_latest_snapshot_reads_indexes(
+    engine: AsyncEngine, store: SqlStepStore, include_interrupted: bool
+) -> None:
+    header, *messages = await _plans(
+        engine, lambda: store.latest_snapshot(run_id='run-0', include_interrupted=include_interrupted)
+    )
+    # The newest snapshot of the run comes from the (run_id, state, seq) index or the (run_id, seq)
+    # primary key, read backwards: no scan of the run's snapshots and no sort.
+    # (SQLite names the index of a composite primary key `sqlite_autoindex_<table>_1`.)
+    primary_key = '(pk_snapshots|sqlite_autoindex_snapshots_1)'
+    index = (
+        'ix_snapshots_run_id_state_seq' if not include_interrupted else f'(ix_snapshots_run_id_state_seq|{primary_key})'
+    )
+    _assert_uses_index(header, 'snapshots', index)
+    _assert_no_sort(header)
+    # Its history: the newest row per position, from the run's rows in the messages index.
+    assert messages, 'the snapshot was read without its messages'
+    for plan in messages:
+        _assert_no_full_scan(plan, 'messages')
+        assert re.search(r'ix_messages_run_id_position_no|pk_messages|sqlite_autoindex_messages_1', plan), plan
