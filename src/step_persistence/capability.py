@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeVar
 
@@ -48,8 +48,12 @@ SnapshotReason = Literal['tool_cycle', 'before_request', 'after_response', 'fina
 
 
 @dataclass(repr=False, kw_only=True)
-class SnapshotSaved(CapabilityEvent, namespace='step_persistence', name='snapshot_saved', dispatch='immediate'):
+class SnapshotSaved(CapabilityEvent, namespace='step_persistence', name='step_snapshot_saved', dispatch='immediate'):
     """Emitted after each snapshot write; capability listeners (`on_event`) receive it before the run goes on.
+
+    Its kind is `step_persistence.step_snapshot_saved`: pydantic-ai keeps one process-wide registry
+    of event kinds, and `pydantic-ai-harness` registers `step_persistence.snapshot_saved`, so this
+    library and that one can be imported in the same process.
 
     The snapshots written as a run ends (final or failure) come after the run's event stream has
     closed, so an `event_stream_handler` sees only the ones written during the run's steps.
@@ -69,6 +73,8 @@ class _RunState:
     conversation_id: str | None
     parent_run_id: str | None
     agent_name: str | None
+    write_batch: Callable[[StepWrites], Awaitable[None]] | None
+    """The store's `write_batch`, looked up once per run (`None`: the store writes call by call)."""
     encoder: HistoryEncoder = field(default_factory=HistoryEncoder)
     live_messages: list[ModelMessage] | None = None
     """The run's message history list, as seen by node hooks (the run context's own may be stale)."""
@@ -138,6 +144,17 @@ async def register_run_once(store: StepStore, record: RunRecord) -> None:
             raise
 
 
+def _batch_writer(store: StepStore) -> Callable[[StepWrites], Awaitable[None]] | None:
+    """The store's `write_batch` method, if it has one (`BatchingStepStore`).
+
+    Looked up by name, once per run: an `isinstance` check against the runtime-checkable protocol
+    inspects every protocol member at each call, and would silently fall back to one call per
+    write for a store that batches but lacks some unrelated optional method.
+    """
+    write_batch = getattr(store, 'write_batch', None)
+    return write_batch if callable(write_batch) else None
+
+
 def _failure_summary(error: BaseException) -> str:
     if isinstance(error, ToolRetryError):
         return f'retried: the tool asked the model to retry (ModelRetry) without returning a result: {error}'
@@ -194,6 +211,7 @@ class StepPersistence(AbstractCapability[Any]):
         copy = dataclasses.replace(self)
         copy._state = _RunState(
             active=ActiveRun(run_id=run_id, store=self.store),
+            write_batch=_batch_writer(self.store),
             conversation_id=ctx.conversation_id,
             parent_run_id=parent_run_id,
             agent_name=agent_name,
@@ -240,7 +258,11 @@ class StepPersistence(AbstractCapability[Any]):
 
     @durable_operation(name='write_steps')
     async def _persist_writes(self, ctx: RunContext[Any], writes: StepWrites) -> None:
-        await write_steps(self.store, writes)
+        write_batch = self._run.write_batch
+        if write_batch is not None:
+            await write_batch(writes)
+        else:
+            await write_steps(self.store, writes)
 
     async def _flush(self, ctx: RunContext[Any]) -> None:
         """Write everything queued for the run, in one batch, and announce its snapshots.
@@ -481,6 +503,12 @@ class StepPersistence(AbstractCapability[Any]):
             await self._flush(ctx)
             raise
         self._queue_settle(call_id, step=step, error=None)
+        if not run.active.in_flight:
+            # No sibling call is running: the completion rides with the next flush (the next model
+            # request, tool call or the run's end), which the run reaches without waiting on a
+            # model or a tool. A crash before it leaves this call `started` (unknown), never
+            # `completed` for a call that did not complete (docs/capability.md, "Durability").
+            return result
         try:
             await self._flush(ctx)
         except asyncio.CancelledError:

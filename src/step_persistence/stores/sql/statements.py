@@ -57,6 +57,9 @@ class WriteStatements:
     """Value `run`: `(seq, state)` of every snapshot of the run."""
     prune_snapshots: Delete
     """Values `run` and `seqs` (a list): deletes those snapshots of the run."""
+    counts_many_rows: bool
+    """Whether a statement run with many parameter sets reports the total rows it wrote (SQLite does;
+    asyncpg's `executemany` does not), so that events can be appended with one statement."""
 
     @classmethod
     def for_dialect(cls, dialect_name: str) -> WriteStatements:
@@ -96,4 +99,5 @@ class WriteStatements:
             prune_snapshots=delete(snapshots).where(
                 snapshots.c.run_id == bindparam(RUN_KEY), snapshots.c.seq.in_(bindparam('seqs', expanding=True))
             ),
+            counts_many_rows=dialect_name == 'sqlite',
         )

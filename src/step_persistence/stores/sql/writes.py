@@ -51,6 +51,18 @@ class Writes:
         if written == 0:
             self._require_run(transaction, event.run_id)
 
+    def append_events(self, transaction: Transaction, events_: list[StepEvent]) -> None:
+        """Append `events_` in order: one multi-row statement where the driver counts the rows it inserts."""
+        if len(events_) < 2 or not self._statements.counts_many_rows:
+            for event in events_:
+                self.append_event(transaction, event)
+            return
+        parameters = [rows.event_values(event) for event in events_]
+        if transaction.execute(self._statements.append_event, parameters).rowcount != len(events_):
+            # A repeated idempotency key, or an unregistered run: only the latter is an error.
+            for run_id in dict.fromkeys(event.run_id for event in events_):
+                self._require_run(transaction, run_id)
+
     def record_tool_effect(self, transaction: Transaction, record: ToolEffectRecord) -> None:
         if transaction.execute(self._statements.record_tool_effect, rows.tool_effect_values(record)).rowcount == 0:
             raise LookupError(f'run {record.run_id!r} is not registered')
@@ -76,8 +88,7 @@ class Writes:
         self._histories.write_blobs(transaction, plan)
         for effect in writes.tool_effects:
             self.record_tool_effect(transaction, effect)
-        for event in writes.events:
-            self.append_event(transaction, event)
+        self.append_events(transaction, writes.events)
         for snapshot in writes.snapshots:
             self.save_snapshot(transaction, snapshot, plan)
 
