@@ -1,0 +1,98 @@
+"""Servers of the fault tests' own, which they stop and restart (on the same port and data directory).
+
+Built from the same pieces as the session-wide servers in `tests/servers`, so they fail (never
+skip) the same way when they cannot start, and honour the same local opt-out.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from servers import free_port, wait_until
+from servers.mongo import _answers_ping, _secantus_command
+from servers.postgres import SERVER_OPTIONS, PostgresServer, _as_server_user, _binaries, _memory_backed_directory
+
+
+class PrivatePostgres:
+    """A throwaway cluster that a test may stop and start again."""
+
+    def __init__(self) -> None:
+        self._bin = _binaries()
+        self.root = Path(tempfile.mkdtemp(prefix='step-persistence-faults-pg-', dir=_memory_backed_directory()))
+        if os.geteuid() == 0:
+            shutil.chown(self.root, user='postgres', group='postgres')
+        self.data = self.root / 'data'
+        self.server = PostgresServer(port=free_port())
+        self._run(
+            'initdb',
+            *('-D', str(self.data), '-U', 'postgres', '--auth-local=trust', '--auth-host=trust'),
+            *('-E', 'UTF8', '--no-sync'),
+        )
+        self.start()
+
+    def _run(self, tool: str, *arguments: str) -> None:
+        command = _as_server_user([str(self._bin / tool), *arguments])
+        completed = subprocess.run(command, cwd='/', capture_output=True, text=True, timeout=120)
+        if completed.returncode != 0:
+            log = self.root / 'server.log'
+            raise RuntimeError(
+                f'{tool} failed ({completed.returncode}): {completed.stderr}'
+                + (log.read_text() if log.exists() else '')
+            )
+
+    def start(self) -> None:
+        options = f'-p {self.server.port} -c unix_socket_directories={self.root} {SERVER_OPTIONS}'
+        self._run('pg_ctl', '-D', str(self.data), '-l', str(self.root / 'server.log'), '-o', options, '-w', 'start')
+
+    def stop(self) -> None:
+        self._run('pg_ctl', '-D', str(self.data), '-m', 'fast', '-w', 'stop')
+
+    def close(self) -> None:
+        try:
+            if (self.data / 'postmaster.pid').exists():
+                self.stop()
+        finally:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+
+class PrivateMongo:
+    """A SecantusDB server on a fixed port and storage directory that a test may stop and start again."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.port = free_port()
+        self.uri = f'mongodb://127.0.0.1:{self.port}/?directConnection=true'
+        self._process: subprocess.Popen[bytes] | None = None
+        self.start()
+
+    def start(self) -> None:
+        command = [
+            _secantus_command(),
+            *('--host', '127.0.0.1', '--port', str(self.port), '--storage-path', str(self.root / 'data')),
+            *('--log-level', 'WARNING'),
+        ]
+        log_path = self.root / 'server.log'
+        with log_path.open('ab') as log:
+            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        self._process = process
+        wait_until(lambda: process.poll() is not None or _answers_ping(self.uri), timeout=60, what='SecantusDB')
+        if process.poll() is not None:
+            raise RuntimeError(f'secantusd-py exited with status {process.returncode}: {log_path.read_text()}')
+
+    def stop(self) -> None:
+        process, self._process = self._process, None
+        if process is None:
+            return
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+    def close(self) -> None:
+        self.stop()

@@ -1,0 +1,157 @@
+"""The database server stops in the middle of an agent run, then comes back on the same port and data.
+
+Each test has a server of its own (`private_servers`), never the session-wide one. The run's tool
+stops the server while the run is between two writes, so the next write is the one that fails:
+it must raise an error that says the store is unreachable within the configured timeout, the
+store must work again once the server is back, and nothing committed before the outage is lost.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.to_thread
+import pytest
+from private_servers import PrivateMongo, PrivatePostgres
+from pydantic_ai import Agent
+
+from scripted import calls, scripted, text
+from servers import skip_if_opted_out
+from step_persistence import (
+    MongoStepStore,
+    PostgresStepStore,
+    StepPersistence,
+    StepStore,
+    continue_run,
+    inspect_recovery,
+    is_provider_valid,
+)
+from step_persistence.cli._common import classify_error
+
+pytestmark = pytest.mark.anyio
+
+TIMEOUT_SECONDS = 2.0
+"""The client timeout the tests configure (MongoDB server selection); a failing write must give up by then."""
+GRACE_SECONDS = 10.0
+"""Slack on a loaded machine: once the server is down, the run (two failing flushes: the tool's, then
+the failure's) must fail within timeout x 2 + this. Server selection without the configured timeout
+would take 30 s per write."""
+
+
+@pytest.fixture(scope='module')
+def private_postgres() -> Iterator[PrivatePostgres]:
+    skip_if_opted_out('postgres')
+    server = PrivatePostgres()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope='module')
+def private_mongo(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrivateMongo]:
+    skip_if_opted_out('mongo')
+    server = PrivateMongo(tmp_path_factory.mktemp('faults-mongo'))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def outage_agent(store: StepStore, stop_server: Callable[[], None], run_id: str) -> Agent[None, str]:
+    """Books a seat (a whole tool cycle, committed), then a tool whose body stops the database."""
+    agent = Agent(
+        scripted(calls(('book', {'seat': '7A'}, 'book-1')), calls(('notify', {}, 'notify-1')), text('booked')),
+        capabilities=[StepPersistence(store=store, run_id=run_id)],
+    )
+
+    @agent.tool_plain
+    async def book(seat: str) -> str:
+        return f'booked {seat}'
+
+    @agent.tool_plain
+    async def notify() -> str:
+        await anyio.to_thread.run_sync(stop_server)
+        return 'notified'
+
+    return agent
+
+
+async def run_through_outage(
+    store: StepStore, open_fresh: Callable[[], StepStore], stop: Callable[[], None], start: Callable[[], None]
+) -> None:
+    stopped_at: list[float] = []
+
+    def stop_and_note() -> None:
+        stop()
+        stopped_at.append(time.monotonic())
+
+    failure: Exception | None = None
+    with anyio.fail_after(60 + 2 * TIMEOUT_SECONDS + GRACE_SECONDS):
+        try:
+            await outage_agent(store, stop_and_note, 'outage').run('book me a seat')
+        except Exception as error:  # whatever the driver raises, it must say the store is unreachable
+            failure = error
+    assert failure is not None, 'the write after the outage must fail'
+    assert classify_error(failure) == 'unreachable', repr(failure)
+    elapsed = time.monotonic() - stopped_at[0]
+    assert elapsed < 2 * TIMEOUT_SECONDS + GRACE_SECONDS, f'the run took {elapsed:.1f} s to fail: {failure!r}'
+
+    await anyio.to_thread.run_sync(start)
+
+    # The same store object works again: a new run, continuing from the last complete snapshot.
+    history = await continue_run(store, run_id='outage')
+    assert is_provider_valid(history)
+    resumed = Agent(scripted(text('resumed')), capabilities=[StepPersistence(store=store, run_id='after')])
+    assert (await resumed.run('go on', message_history=history)).output == 'resumed'
+
+    async with open_fresh() as fresh:
+        assert [run.run_id for run in await fresh.list_runs()] == ['outage', 'after']
+        report = await inspect_recovery(store=fresh, run_id='outage')
+        assert [effect.tool_call_id for effect in report.unresolved_effects] == ['notify-1']
+        assert report.completed_tools == ['book']
+        assert report.latest_complete_snapshot is not None
+        assert report.latest_complete_snapshot.messages == history
+        kinds = [event.kind for event in await fresh.list_events(run_id='outage')]
+        assert kinds == [
+            'run_started',
+            'model_request_started',
+            'model_request_completed',
+            'tool_call_started',
+            'tool_call_completed',
+            'model_request_started',
+            'model_request_completed',
+            'tool_call_started',
+        ], 'everything written before the outage is there, nothing after it'
+        after = [event.kind for event in await fresh.list_events(run_id='after')]
+        assert after[0] == 'run_started' and after[-1] == 'run_completed'
+
+
+async def test_postgres_stopped_mid_run_fails_the_write_clearly_and_loses_nothing_committed(
+    private_postgres: PrivatePostgres,
+) -> None:
+    server = private_postgres.server
+    database = await server.create_database()
+    url = server.url(database)
+    store = PostgresStepStore(url)
+    try:
+        await run_through_outage(store, lambda: PostgresStepStore(url), private_postgres.stop, private_postgres.start)
+    finally:
+        await store.aclose()
+
+
+async def test_mongo_stopped_mid_run_fails_the_write_within_the_timeout_and_loses_nothing(
+    private_mongo: PrivateMongo, tmp_path: Path
+) -> None:
+    timeout_ms = int(TIMEOUT_SECONDS * 1000)
+    url = private_mongo.uri + f'&serverSelectionTimeoutMS={timeout_ms}&connectTimeoutMS={timeout_ms}'
+    options: dict[str, Any] = {'db_url': url, 'database': f'faults_{tmp_path.name}'[:60]}
+    store = MongoStepStore(**options)
+    try:
+        await run_through_outage(store, lambda: MongoStepStore(**options), private_mongo.stop, private_mongo.start)
+    finally:
+        await store.aclose()
