@@ -9,6 +9,7 @@ import typer
 from step_persistence.cli import db, runs
 from step_persistence.cli._common import DEFAULT_STORE
 from step_persistence.cli.copy import copy
+from step_persistence.cli.maintenance import gc, prune
 from step_persistence.cli.report import report
 
 __all__ = ['app', 'main']
@@ -26,6 +27,8 @@ app.add_typer(runs.app, name='runs')
 app.add_typer(db.app, name='db')
 app.command()(report)
 app.command()(copy)
+app.command()(prune)
+app.command()(gc)
 
 
 @app.command()

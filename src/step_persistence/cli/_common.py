@@ -36,6 +36,7 @@ __all__ = [
     'parse_since',
     'print_json',
     'run',
+    'warn',
 ]
 
 T = TypeVar('T')
@@ -72,6 +73,11 @@ def fail(message: str, code: int) -> NoReturn:
     """Print `message` on stderr and exit with `code`."""
     error_console.print(f'[bold red]error:[/] {message}', highlight=False)
     raise typer.Exit(code)
+
+
+def warn(message: str) -> None:
+    """Print a warning on stderr (stdout stays clean for --json)."""
+    error_console.print(f'[bold yellow]warning:[/] {message}', highlight=False)
 
 
 def _jsonable(value: Any) -> Any:

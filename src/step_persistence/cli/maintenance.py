@@ -1,0 +1,130 @@
+"""`step-persistence prune` and `step-persistence gc`: remove old runs, then the media nothing refers to."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Annotated, cast
+
+import typer
+
+from step_persistence.cli._common import (
+    DEFAULT_STORE,
+    EXIT_USAGE,
+    JsonOption,
+    StoreOption,
+    console,
+    fail,
+    open_store,
+    parse_duration,
+    print_json,
+    run,
+    warn,
+)
+from step_persistence.collection import MediaCollection
+from step_persistence.media.clock import REUSE_WINDOW
+from step_persistence.protocol import StepStore
+from step_persistence.records import RUN_STATUSES, RunStatus
+from step_persistence.reporting import summarize_runs
+
+__all__ = ['gc', 'prune']
+
+
+async def _prunable(
+    store: StepStore, *, older_than: datetime, statuses: set[RunStatus] | None, include_running: bool
+) -> list[str]:
+    """The runs `prune_runs` would delete, oldest first (the same rule, nothing deleted)."""
+    candidates = [record for record in await store.list_runs() if record.started_at < older_than]
+    return [
+        summary.run_id
+        for summary in await summarize_runs(store, candidates)
+        if (include_running or summary.status != 'running') and (statuses is None or summary.status in statuses)
+    ]
+
+
+def prune(
+    older_than: Annotated[
+        str,
+        typer.Option(
+            '--older-than',
+            help='Delete runs that started longer ago than this: 90s, 30m, 12h, 30d, 2w.',
+            show_default=False,
+        ),
+    ],
+    store: StoreOption = DEFAULT_STORE,
+    status: Annotated[
+        list[str] | None,
+        typer.Option(
+            '--status',
+            help='Only runs in this status: completed, failed, crashed, running (repeat for several); any by default.',
+            show_default=False,
+        ),
+    ] = None,
+    include_running: Annotated[
+        bool, typer.Option('--include-running', help='Also delete runs that still look alive (status running).')
+    ] = False,
+    dry_run: Annotated[bool, typer.Option('--dry-run', help='Only list the runs that would be deleted.')] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Delete whole old runs (record, events, tool effects, snapshots), oldest first.
+
+    A run's status is judged as in `runs list`; a `running` run is kept unless --include-running.
+    Media shared with other runs stays; `gc` removes what nothing refers to any more.
+    """
+    cutoff = datetime.now(UTC) - parse_duration(older_than, '--older-than')
+    unknown = sorted(set(status or ()) - RUN_STATUSES)
+    if unknown:
+        fail(f'unknown --status {", ".join(unknown)}; choose from {", ".join(sorted(RUN_STATUSES))}', EXIT_USAGE)
+    statuses = {cast(RunStatus, name) for name in status} if status else None
+    if statuses is not None and 'running' in statuses and not include_running:
+        fail('--status running needs --include-running (running runs are kept otherwise)', EXIT_USAGE)
+
+    async def main() -> list[str]:
+        async with open_store(store) as opened:
+            if dry_run:
+                return await _prunable(opened, older_than=cutoff, statuses=statuses, include_running=include_running)
+            return await opened.prune_runs(older_than=cutoff, statuses=statuses, include_running=include_running)
+
+    run_ids = run(main)
+    if json_output:
+        print_json({'dry_run': dry_run, 'older_than': cutoff, 'runs': run_ids})
+        return
+    verb = 'would delete' if dry_run else 'deleted'
+    console.print(
+        f'{verb} {len(run_ids)} run(s) started before {cutoff.isoformat(timespec="seconds")}', highlight=False
+    )
+    for run_id in run_ids:
+        console.print(f'  {run_id}', highlight=False)
+
+
+def gc(
+    store: StoreOption = DEFAULT_STORE,
+    grace: Annotated[
+        str,
+        typer.Option('--grace', help='Keep anything written more recently than this (a write may still refer to it).'),
+    ] = '1h',
+    json_output: JsonOption = False,
+) -> None:
+    """Remove stored message versions and media blobs that no retained snapshot refers to any more.
+
+    Run it after `prune` (or deleting runs); what was written within --grace is kept, since a
+    write in progress may still come to refer to it.
+    """
+    grace_period = parse_duration(grace, '--grace')
+    if grace_period <= REUSE_WINDOW:
+        warn(
+            f'--grace {grace} is within the media reuse window ({REUSE_WINDOW}): '
+            'safe only while no process is writing to the store'
+        )
+
+    async def main() -> MediaCollection:
+        async with open_store(store) as opened:
+            return await opened.collect_media(grace=grace_period)
+
+    collected = run(main)
+    if json_output:
+        print_json({'messages': collected.messages, 'blobs': collected.blobs})
+        return
+    console.print(
+        f'removed {collected.messages} unreferenced stored message(s) and {collected.blobs} media blob(s)',
+        highlight=False,
+    )
