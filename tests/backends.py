@@ -214,14 +214,7 @@ BACKENDS: dict[str, Backend] = {
     ),
     'mongo': Backend(name='mongo', open=lambda request: _mongo(request, 'pymongo')),
     'motor': Backend(name='motor', open=lambda request: _mongo(request, 'motor')),
-    'file': Backend(
-        name='file',
-        open=_file,
-        divergences={
-            'test_collect_media_reclaims_unused_messages': 'messages.jsonl is append-only: unused lines are kept '
-            '(docs/media.md)',
-        },
-    ),
+    'file': Backend(name='file', open=_file),
     'sqlite': Backend(name='sqlite', open=_sqlite),
     'postgres': Backend(name='postgres', open=_postgres),
 }

@@ -1,54 +1,122 @@
-"""`collect_media` for `FileStepStore`: unreferenced blobs; `messages.jsonl` lines are kept.
+"""`collect_media` for `FileStepStore`: unused `messages.jsonl` lines, then unreferenced blobs.
 
-The references are the media URIs written in the `messages.jsonl` of every run (read without
-locks: the files only grow, and a line being appended belongs to a save whose blobs were just
-stored or touched, which `grace` protects). A deleted run's directory is gone, so its blobs are
-no longer referenced.
+**Messages.** For each run, under its exclusive lock, a line of `messages.jsonl` is kept while it
+is its position's newest version (the next save may reuse it) or a retained snapshot uses it (see
+`MessageJournal.resolve`). When some line is unused the file is rewritten without it (atomically,
+temporary file and rename), message numbers unchanged. Other processes follow the file by byte
+offset, so the run's incarnation token in `run.lock` is replaced first: every process then starts
+its index of the run over at its next call (a crash between the two steps only costs them that
+re-read). A run whose retained snapshot cannot be read is left as it is.
 
-Message versions no retained snapshot uses are not reclaimed: `messages.jsonl` is append-only,
-and every process follows it by byte offset, so removing lines would mean rewriting the file
-under the run's lock and making every process re-read it. Such lines are rare (the earlier
-versions of a message pydantic-ai completed in place, and histories that shrank) and small
-(their payloads are in the media store), and they keep their blobs: `MediaCollection.messages`
-is always 0 for this store (see docs/media.md).
+**Blobs.** The references are the media URIs written in the `messages.jsonl` of every run (read
+without locks: a file is only appended to or replaced whole, and a line being appended belongs
+to a save whose blobs were just stored or touched, which `grace` protects). A deleted run's
+directory is gone, so its blobs are no longer referenced.
 """
 
 from __future__ import annotations
 
 import os
+from bisect import bisect_right
 from datetime import timedelta
+from functools import partial
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
 from step_persistence.collection import MediaCollection, collect_blobs, uris_in, validate_grace
-from step_persistence.media.protocol import MediaStore
+from step_persistence.stores.file._codec import load_snapshot_file
+from step_persistence.stores.file._index import RunIndex
+from step_persistence.stores.file._journal import read_lines
 from step_persistence.stores.file._layout import RunPaths, is_run_directory_name
+from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
+
+if TYPE_CHECKING:
+    from step_persistence.stores.file.store import FileStepStore
 
 __all__ = ['collect_media']
 
 
+def _run_ids(directory: Path) -> list[str]:
+    try:
+        return sorted(entry.name for entry in os.scandir(directory) if is_run_directory_name(entry.name))
+    except FileNotFoundError:
+        return []
+
+
 def _references(directory: Path) -> set[str]:
     found: set[str] = set()
-    try:
-        entries = list(os.scandir(directory))
-    except FileNotFoundError:
-        return found
-    for entry in entries:
-        if not is_run_directory_name(entry.name):
-            continue
+    for run_id in _run_ids(directory):
         try:
-            found |= uris_in(RunPaths(Path(entry.path)).messages.read_bytes())
+            found |= uris_in(RunPaths(directory / run_id).messages.read_bytes())
         except (FileNotFoundError, NotADirectoryError):
             continue  # deleted meanwhile, or not a run
     return found
 
 
-async def collect_media(directory: Path, media_store: MediaStore | None, *, grace: timedelta) -> MediaCollection:
-    """Delete the blobs of `media_store` that no run's `messages.jsonl` refers to (touched before `grace`)."""
+def _used_numbers(store: FileStepStore, index: RunIndex) -> set[int] | None:
+    """The message numbers to keep; `None` if a retained snapshot cannot be read."""
+    versions = index.messages.versions
+    keep = {stored[-1].number for stored in versions if stored}
+    for seq, _ in index.snapshots.retained:
+        try:
+            _, history = load_snapshot_file(store._io.read_all(index.paths.snapshot(seq)))
+        except (OSError, ValueError):
+            return None
+        for stored in versions[: history.length]:
+            found = bisect_right(stored, history.through_message, key=lambda version: version.number)
+            if found:
+                keep.add(stored[found - 1].number)
+    return keep
+
+
+def _compact(store: FileStepStore, run_id: str) -> int:
+    """Rewrite the run's `messages.jsonl` without the lines no one uses; how many were dropped."""
+    try:
+        with store._session(run_id, exclusive=True) as index:
+            index.snapshots.catch_up(store._io)
+            index.messages.catch_up(store._io)
+            keep = _used_numbers(store, index)
+            if keep is None:
+                return 0
+            dropped = {
+                version.span for stored in index.messages.versions for version in stored if version.number not in keep
+            }
+            if not dropped:
+                return 0
+            path = index.paths.messages
+            lines = read_lines(path, store._io.read_all(path))
+            kept = b''.join(line + b'\n' for span, line in lines if span not in dropped)
+            _replace_incarnation(store, index.paths.lock_file)
+            store._io.write_atomic(path, kept)
+    except RunNotRegistered:
+        return 0
+    store._indexes.forget(run_id)  # built from the file as it was
+    return len(dropped)
+
+
+def _replace_incarnation(store: FileStepStore, lock_file: Path) -> None:
+    """Give the run a new incarnation token (same length, written in place), so every index restarts."""
+    fd = os.open(lock_file, os.O_WRONLY)
+    try:
+        os.pwrite(fd, new_incarnation().encode('ascii'), 0)
+        if store.fsync:
+            os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def collect_media(store: FileStepStore, *, grace: timedelta) -> MediaCollection:
+    """Drop unused message lines of every run, then the blobs no remaining line refers to."""
     grace = validate_grace(grace)
+    run_ids = await anyio.to_thread.run_sync(_run_ids, store.directory)
+    reclaimed = 0
+    for run_id in run_ids:
+        reclaimed += await store._in_turn(run_id, partial(_compact, store, run_id))
 
     async def referenced() -> set[str]:
-        return await anyio.to_thread.run_sync(_references, directory)
+        return await anyio.to_thread.run_sync(_references, store.directory)
 
-    return MediaCollection(messages=0, blobs=await collect_blobs(media_store, grace=grace, referenced=referenced))
+    blobs = await collect_blobs(store.media_store, grace=grace, referenced=referenced)
+    return MediaCollection(messages=reclaimed, blobs=blobs)

@@ -418,8 +418,8 @@ class FileStepStore:
     # --- collection ---
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
-        """Delete unreferenced blobs of the media store; message lines are kept (see `file/collection.py`)."""
-        return await file_collection.collect_media(self.directory, self.media_store, grace=grace)
+        """Drop message lines no snapshot uses, then unreferenced blobs (see `file/collection.py`)."""
+        return await file_collection.collect_media(self, grace=grace)
 
     # --- lifetime ---
 
