@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import pty
 import random
 import sqlite3
+import subprocess
 from collections.abc import AsyncIterator
 from itertools import pairwise
 from pathlib import Path
@@ -23,7 +26,7 @@ from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter
 
 from backends import _count_media_rows
-from cli.console_script import cli
+from cli.console_script import SCRIPT, cli
 from scripted import calls, scripted, text
 from servers.mongo import MongoServer
 from sql.databases import EmptyDatabase
@@ -225,3 +228,44 @@ def test_copy_errors(tmp_path: Path) -> None:
     assert 'cannot reach' in unreachable.stderr and 'secret' not in unreachable.stderr
     mongo = cli('copy', 'mongodb://127.0.0.1:1/none?serverSelectionTimeoutMS=300', store, '--json', expect=4)
     assert 'cannot reach' in mongo.stderr and mongo.stdout == ''
+
+
+def _with_terminal_stderr(*args: str) -> tuple[str, str]:
+    """Run the console script with stderr on a pseudo-terminal: (stdout, what the terminal showed)."""
+    leader, follower = pty.openpty()
+    try:
+        completed = subprocess.run(
+            [str(SCRIPT), *args],
+            stdout=subprocess.PIPE,
+            stderr=follower,
+            text=True,
+            timeout=120,
+            env={**os.environ, 'TERM': 'xterm', 'COLUMNS': '120'},
+            check=True,
+        )
+        os.close(follower)
+        shown = b''
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # EIO: the terminal has no writer left
+                break
+            if not chunk:
+                break
+            shown += chunk
+    finally:
+        os.close(leader)
+    return completed.stdout, shown.decode(errors='replace')
+
+
+async def test_progress_bar_only_at_a_terminal_and_never_with_json(tmp_path: Path) -> None:
+    source = f'file://{tmp_path / "A"}'
+    async with from_spec(source) as store:
+        for run_id in ('one', 'two'):
+            await store.register_run(RunRecord(run_id=run_id))
+    stdout, shown = _with_terminal_stderr('copy', source, f'file://{tmp_path / "B"}')
+    assert '2 run(s) copied' in stdout
+    assert 'copied runs' in shown and '2/2' in shown, shown
+    stdout, shown = _with_terminal_stderr('copy', source, f'file://{tmp_path / "C"}', '--json')
+    assert json.loads(stdout)['copied'] == ['one', 'two'] and shown == ''
+    assert cli('copy', source, f'file://{tmp_path / "D"}').stderr == '', 'no bar when stderr is not a terminal'
