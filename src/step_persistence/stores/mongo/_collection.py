@@ -4,10 +4,11 @@ Per run, a message document is kept while it is its position's newest version (t
 the run may reuse it) or a snapshot of the run uses it: the snapshot's `history_length` covers
 its position and its `through_message` lies between the document's number and the next version's.
 Messages of runs that no longer exist (an interrupted `delete_run`) go too. MongoDB writes the
-message documents of a save before its snapshot document, without a transaction, so only
-documents older than `grace` are deleted (their age is their `ObjectId`'s, the writer's clock):
-a save in flight keeps the documents its snapshot is about to use. With `grace` zero, nothing is
-protected.
+message documents of a save before its snapshot document, without a transaction, and a save may
+plan its snapshot on a version that another writer supersedes before the snapshot document is
+in: so a version is deleted only once it was superseded more than `grace` ago (the newer
+version's `ObjectId` time, the writer's clock), and a dead run's documents only when older than
+`grace`. With `grace` zero, nothing is protected.
 
 Blobs are then collected through the store's media store (`collect_blobs`), with the URIs written
 in the remaining externalized message documents as the references.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from datetime import timedelta
+from itertools import pairwise
 from typing import Any
 
 from bson import ObjectId
@@ -24,29 +26,26 @@ from bson import ObjectId
 from step_persistence.collection import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.media.protocol import MediaStore
 from step_persistence.records import utc_now
-from step_persistence.stores.mongo._client import Database, aggregate_all
+from step_persistence.stores.mongo._client import Database
 
 __all__ = ['collect_media']
 
 _BATCH = 1000
 
 
-def _unused(versions: list[tuple[int, int, Any]], newest: dict[int, int], uses: list[tuple[int, int]]) -> list[Any]:
-    """The `_id`s of `versions` (`(position, no, _id)`) that no snapshot `(length, through)` uses.
+def _unused(versions: list[tuple[int, int, Any]], uses: list[tuple[int, int]], cutoff: ObjectId | None) -> list[Any]:
+    """The `_id`s of `versions` (a run's `(position, no, _id)`) that no snapshot `(length, through)` uses.
 
-    `newest` maps each position to its newest stored number (which may not be among `versions`).
+    A version is a candidate only once a newer version of its position exists, and (with a
+    `cutoff`) that newer one was written before the cutoff: a save in flight may have planned its
+    snapshot with the older version before the newer one was written.
     """
-    numbers: defaultdict[int, list[int]] = defaultdict(list)
-    for position, number, _ in versions:
-        numbers[position].append(number)
-    for position, number in newest.items():
-        numbers[position].append(number)
+    versions = sorted(versions, key=lambda version: (version[0], version[1]))
     unused: list[Any] = []
-    for position, number, identifier in versions:
-        later = [other for other in numbers[position] if other > number]
-        if not later:
-            continue  # the position's newest version
-        next_number = min(later)
+    for (position, number, identifier), following in pairwise(versions):
+        if following[0] != position or (cutoff is not None and following[2] >= cutoff):
+            continue
+        next_number = following[1]
         if not any(length > position and number <= through < next_number for length, through in uses):
             unused.append(identifier)
     return unused
@@ -64,31 +63,25 @@ async def collect_media(database: Database, media_store: MediaStore | None, *, g
     """Delete unused message documents older than `grace`, then the blobs no remaining message refers to."""
     grace = validate_grace(grace)
     messages, snapshots, runs = database['messages'], database['snapshots'], database['runs']
-    age: dict[str, Any] = {} if grace == timedelta(0) else {'_id': {'$lt': ObjectId.from_datetime(utc_now() - grace)}}
+    cutoff = None if grace == timedelta(0) else ObjectId.from_datetime(utc_now() - grace)
     live = {document['_id'] async for document in runs.find({}, {'_id': 1})}
     uses: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
     async for document in snapshots.find({}, {'_id': 0, 'run_id': 1, 'history_length': 1, 'through_message': 1}):
-        length, through = document.get('history_length'), document.get('through_message')
         run_id = document.get('run_id')
+        length, through = document.get('history_length'), document.get('through_message')
         if isinstance(run_id, str) and isinstance(length, int) and isinstance(through, int):
             uses[run_id].append((length, through))
     versions: defaultdict[str, list[tuple[int, int, Any]]] = defaultdict(list)
     doomed: list[Any] = []
-    async for document in messages.find(age, {'run_id': 1, 'position': 1, 'no': 1}):
+    async for document in messages.find({}, {'run_id': 1, 'position': 1, 'no': 1}):
         run_id, position, number = document.get('run_id'), document.get('position'), document.get('no')
         if run_id not in live:
-            doomed.append(document['_id'])
+            if cutoff is None or document['_id'] < cutoff:
+                doomed.append(document['_id'])  # left by an interrupted delete_run
         elif isinstance(run_id, str) and isinstance(position, int) and isinstance(number, int):
             versions[run_id].append((position, number, document['_id']))
     for run_id, found in versions.items():
-        # The newest version of a position may be younger than `grace` (not listed): look it up.
-        newest = {
-            item['_id']: item['no']
-            for item in await aggregate_all(
-                messages, [{'$match': {'run_id': run_id}}, {'$group': {'_id': '$position', 'no': {'$max': '$no'}}}]
-            )
-        }
-        doomed.extend(_unused(found, newest, uses[run_id]))
+        doomed.extend(_unused(found, uses[run_id], cutoff))
     reclaimed = await _delete(messages, doomed)
 
     async def referenced() -> set[str]:
