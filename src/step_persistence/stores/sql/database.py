@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy.engine import URL
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from step_persistence.stores.sql.dialects import check_dialect, redact, resolve_url
@@ -47,6 +48,20 @@ SQLITE_THREADS = 4
 """Worker threads (and pooled connections) of a SQLite file the store opens: one writer, readers beside it."""
 
 T = TypeVar('T')
+
+_NUL_SQLSTATES = frozenset({'22021', '22P05'})
+"""PostgreSQL's refusals of a NUL character: in a text value (22021), in a JSON string (22P05)."""
+
+
+def _sqlstate(error: BaseException) -> str | None:
+    """The SQLSTATE of the driver error behind `error`, if any."""
+    cause: BaseException | None = error
+    while cause is not None:
+        sqlstate = getattr(cause, 'sqlstate', None)
+        if isinstance(sqlstate, str):
+            return sqlstate
+        cause = getattr(cause, 'orig', None) if isinstance(cause, DBAPIError) else cause.__cause__
+    return None
 
 
 class Database:
@@ -210,7 +225,15 @@ class Database:
         With a caller's `AsyncConnection`, in the caller's transaction, neither committed nor
         rolled back here.
         """
-        return await self._executor.run(operation, write=write, options=self._options)
+        try:
+            return await self._executor.run(operation, write=write, options=self._options)
+        except DBAPIError as error:
+            if self.dialect_name == 'postgresql' and _sqlstate(error) in _NUL_SQLSTATES:
+                raise ValueError(
+                    'PostgreSQL cannot store the NUL character (\\x00) in text or JSON; nothing was written '
+                    f'({error.orig})'
+                ) from error
+            raise
 
     async def ensure_schema(self, upgrade: Callable[[Database], Awaitable[None]]) -> None:
         """Run `upgrade` unless the schema is known to be up to date; concurrent callers wait for one run.
