@@ -147,6 +147,10 @@ async def test_copy_file_to_sqlite_to_postgres_to_mongo(
     for kind in chain[1:]:
         assert await read(urls[kind]) == original
 
+    back = f'file://{tmp_path / "E"}'
+    assert copy(urls['mongo'], back)['copied'] == run_ids
+    assert await read(back) == original, 'and back from MongoDB to files'
+
     human = cli('copy', urls['file'], urls['sqlite']).stdout
     assert '0 run(s) copied' in human and f'{len(run_ids)} already at the destination' in human
 

@@ -117,5 +117,15 @@ def test_unreachable_server_is_reported() -> None:
 
 
 def test_help_everywhere() -> None:
-    for command in ([], ['runs'], ['runs', 'list'], ['runs', 'show'], ['report'], ['demo']):
+    for command in (
+        [],
+        ['runs'],
+        ['runs', 'list'],
+        ['runs', 'show'],
+        ['report'],
+        ['demo'],
+        ['copy'],
+        ['prune'],
+        ['gc'],
+    ):
         assert 'Usage' in cli(*command, '--help').stdout
