@@ -34,6 +34,7 @@ from sqlalchemy import Text, and_, bindparam, cast, func, select
 
 from step_persistence._history import EncodedMessage, changed_positions, decode_messages
 from step_persistence.media.protocol import MediaStore
+from step_persistence.media.walker import MARKER_KEY
 from step_persistence.records import ContinuableSnapshot
 from step_persistence.stores._media import MessageMedia, PackedMessage
 from step_persistence.stores.sql.blobs import BlobWriter, StagedBlobs
@@ -137,7 +138,10 @@ class HistoryRows:
                 predicted[run_id] = head.copy()
             _predict(predicted[run_id], snapshot.encoded_messages(), new)
         for digest, message in new.items():
-            plan.packed[digest] = await media.pack_message(message)
+            if _has_no_media(message, media.threshold_bytes):
+                plan.packed[digest] = PackedMessage(message.data, externalized=False)
+            else:
+                plan.packed[digest] = await media.pack_message(message)
         return plan
 
     def _cached(self, run_id: str) -> RunHead | None:
@@ -266,6 +270,22 @@ class HistoryRows:
             raise ValueError(f'no stored message at positions {missing[:10]} up to number {history.through_message}')
         trees = [await self._media.unpack_message(body, externalized=externalized) for _, body, externalized in found]
         return decode_messages(trees)
+
+
+_MEDIA_SIGNS = (b'"binary"', MARKER_KEY.encode())
+"""What the JSON of a message the media walker would change must contain: a `BinaryContent`'s
+`"kind":"binary"`, or a dict keyed like a marker (which the walker escapes)."""
+
+
+def _has_no_media(message: EncodedMessage, threshold_bytes: int) -> bool:
+    """Whether packing `message` certainly leaves it as it is, told from its bytes without parsing them.
+
+    Its JSON being shorter than the threshold bounds the UTF-8 size of every string in it, and
+    without the signs above nothing in it is binary or marker-like: the walker would return the
+    tree unchanged, and `MessageMedia.pack_message` the message's own bytes.
+    """
+    data = message.data
+    return len(data) < threshold_bytes and not any(sign in data for sign in _MEDIA_SIGNS)
 
 
 def _predict(head: RunHead, encoded: Sequence[EncodedMessage], new: dict[str, EncodedMessage]) -> None:
