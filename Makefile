@@ -4,7 +4,7 @@ export UV_PYTHON_DOWNLOADS := never
 PYTHON ?= python3
 UV := $(PYTHON) -m uv
 
-.PHONY: uv postgres demo test lint typecheck pytest
+.PHONY: uv postgres demo test lint typecheck pytest bench
 
 uv:
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
@@ -36,3 +36,9 @@ pytest: uv
 test: uv postgres
 	$(UV) sync --locked --all-extras --quiet
 	$(MAKE) --no-print-directory lint typecheck pytest
+
+# Issue 8's benchmarks against pydantic-ai-harness, in their own environment (benchmarks/pyproject.toml:
+# the comparator pins its pydantic-ai version). Starts its own PostgreSQL and SecantusDB, writes
+# benchmarks/RESULTS.md. BENCH_ARGS passes options (see `python benchmarks/bench.py --help`).
+bench: uv postgres
+	cd benchmarks && $(UV) sync --locked --quiet && $(UV) run --locked python bench.py $(BENCH_ARGS)
