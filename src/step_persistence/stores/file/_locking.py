@@ -48,7 +48,8 @@ def locked_run(lock_file: Path, *, exclusive: bool, io: FileIo) -> Iterator[str]
         try:
             fcntl.flock(fd, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
             if _is_current(fd, lock_file):
-                yield io.read_fd(fd, 2 * _TOKEN_BYTES).decode('ascii')
+                # A damaged token only reads as another incarnation: the run's index is rebuilt from its files.
+                yield io.read_fd(fd, 2 * _TOKEN_BYTES).decode('ascii', errors='replace')
                 return
         finally:
             os.close(fd)
