@@ -796,18 +796,30 @@ async def main(arguments: argparse.Namespace) -> None:
         with servers(root, postgres='postgres' in backends, mongo='mongo' in backends) as found:
             await server_versions(found)
             parts = set(arguments.parts)
-            overhead = (
-                await agent_overhead(backends, arguments.steps, arguments.rounds, arguments.budget, root, found)
-                if 'overhead' in parts
-                else []
-            )
-            sizes = (
-                await storage([b for b in backends if b in DURABLE], [50, 200], 3 * arguments.budget, root, found)
-                if 'storage' in parts
-                else {}
-            )
-            throughput = (
-                await concurrency(
+            overhead: list[Overhead] = []
+            sizes: dict[tuple[str, str, int], int | str] = {}
+            throughput: list[Throughput] = []
+            ops: list[StoreOps] = []
+
+            def save() -> list[str]:
+                """Render what is measured so far, and write it (a later failure keeps the earlier parts)."""
+                header = machine_lines(arguments, found, started, load_before)
+                measured = render(arguments, header, overhead, sizes, throughput, ops)
+                if arguments.output:
+                    write_results(Path(arguments.output), measured)
+                return measured
+
+            if 'overhead' in parts:
+                overhead = await agent_overhead(
+                    backends, arguments.steps, arguments.rounds, arguments.budget, root, found
+                )
+                save()
+            if 'storage' in parts:
+                durable = [b for b in backends if b in DURABLE]
+                sizes = await storage(durable, [50, 200], 3 * arguments.budget, root, found)
+                save()
+            if 'concurrency' in parts:
+                throughput = await concurrency(
                     [b for b in backends if b in ('sqlite', 'postgres')],
                     arguments.agents,
                     arguments.concurrency_steps,
@@ -816,11 +828,9 @@ async def main(arguments: argparse.Namespace) -> None:
                     root,
                     found,
                 )
-                if 'concurrency' in parts
-                else []
-            )
-            ops = (
-                await store_operations(
+                save()
+            if 'ops' in parts:
+                ops = await store_operations(
                     backends,
                     arguments.ops,
                     arguments.many_runs,
@@ -829,17 +839,10 @@ async def main(arguments: argparse.Namespace) -> None:
                     root,
                     found,
                 )
-                if 'ops' in parts
-                else []
-            )
-            measured = render(
-                arguments, machine_lines(arguments, found, started, load_before), overhead, sizes, throughput, ops
-            )
+            measured = save()
     finally:
         shutil.rmtree(root, ignore_errors=True)
     print('\n'.join(measured))
-    if arguments.output:
-        write_results(Path(arguments.output), measured)
 
 
 if __name__ == '__main__':
