@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal, NoReturn, TypeVar
 import typer
 from pydantic import BaseModel
 from rich.console import Console
+from rich.markup import escape
 
 from step_persistence.protocol import StepStore
 from step_persistence.spec import from_spec, redact_url
@@ -71,13 +72,13 @@ error_console = Console(stderr=True)
 
 def fail(message: str, code: int) -> NoReturn:
     """Print `message` on stderr and exit with `code`."""
-    error_console.print(f'[bold red]error:[/] {message}', highlight=False)
+    error_console.print(f'[bold red]error:[/] {escape(message)}', highlight=False)
     raise typer.Exit(code)
 
 
 def warn(message: str) -> None:
     """Print a warning on stderr (stdout stays clean for --json)."""
-    error_console.print(f'[bold yellow]warning:[/] {message}', highlight=False)
+    error_console.print(f'[bold yellow]warning:[/] {escape(message)}', highlight=False)
 
 
 def _jsonable(value: Any) -> Any:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from step_persistence.cli._common import (
@@ -58,7 +59,7 @@ def copy(
                 task = progress.add_task('copying runs', total=total)
 
                 def advance(result: RunCopy) -> None:
-                    progress.update(task, advance=1, description=f'{result.outcome} {result.run_id}')
+                    progress.update(task, advance=1, description=escape(f'{result.outcome} {result.run_id}'))
 
                 report = await copy_runs(from_store, to_store, run_ids=run_ids or None, on_run=advance)
                 progress.update(task, description='copied runs')
@@ -76,5 +77,7 @@ def copy(
         )
     if report.failed:
         for run_id, reason in report.failed.items():
-            error_console.print(f'[bold red]error:[/] run {run_id!r} was not copied: {reason}', highlight=False)
+            error_console.print(
+                f'[bold red]error:[/] {escape(f"run {run_id!r} was not copied: {reason}")}', highlight=False
+            )
         raise typer.Exit(EXIT_FAILED)

@@ -6,6 +6,7 @@ from datetime import UTC, datetime
 from typing import Annotated, cast
 
 import typer
+from rich.markup import escape
 
 from step_persistence.cli._common import (
     DEFAULT_STORE,
@@ -93,7 +94,7 @@ def prune(
         f'{verb} {len(run_ids)} run(s) started before {cutoff.isoformat(timespec="seconds")}', highlight=False
     )
     for run_id in run_ids:
-        console.print(f'  {run_id}', highlight=False)
+        console.print(f'  {escape(run_id)}', highlight=False)
 
 
 def gc(
