@@ -8,7 +8,9 @@ corrupt them) or shared media (see tests/media for digests that no longer match)
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -53,41 +55,68 @@ async def write_victim(store: StepStore, run_id: str) -> None:
         )
 
 
+class Collected(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
 async def damage_is_contained(store: StepStore, damage: Damage, strategy: st.SearchStrategy[Any]) -> None:
     unchanged = await write_sentinel(store)
     counter = iter(range(10_000))
-    outcomes = {'all readable': 0, 'something skipped or refused': 0}
+    outcomes = {'all readable': 0, 'something skipped or refused': 0, 'skipped and logged': 0}
+    logged = Collected()
+    logger = logging.getLogger('step_persistence')
+    logger.addHandler(logged)
+    try:
+        await for_examples(strategy, partial(check_one, store, damage, counter, outcomes, logged, unchanged))
+    finally:
+        logger.removeHandler(logged)
+    assert outcomes['something skipped or refused'] > 0 and outcomes['skipped and logged'] > 0, outcomes
 
-    async def check(value: Any) -> None:
-        run_id = f'victim-{next(counter)}'
-        await write_victim(store, run_id)
-        await damage(run_id, value)
-        refused = 0
-        listed = await store.list_runs()
-        assert 'sentinel' in {run.run_id for run in listed}
-        found = (
-            len(await store.list_events(run_id=run_id)),
-            len(await store.list_snapshots(run_id=run_id, include_interrupted=True)),
-            len(await store.list_snapshots(run_id=run_id)),
-            len(await store.list_unresolved_tool_effects(run_id=run_id)),
-        )
-        await store.latest_snapshot(run_id=run_id)
-        await store.latest_snapshot(run_id=run_id, include_interrupted=True)
-        for read in (
-            lambda: store.get_run(run_id=run_id),
-            lambda: store.get_tool_effect(run_id=run_id, tool_call_id='a'),
-            lambda: store.get_tool_effect(run_id=run_id, tool_call_id='b'),
-        ):
-            try:
-                await read()
-            except ValueError:
-                refused += 1
-        complete = found == (3, 3, 2, 1) and run_id in {run.run_id for run in listed} and not refused
-        outcomes['all readable' if complete else 'something skipped or refused'] += 1
-        await unchanged()
 
-    await for_examples(strategy, check)
-    assert outcomes['something skipped or refused'] > 0, outcomes
+async def check_one(
+    store: StepStore,
+    damage: Damage,
+    counter: Iterator[int],
+    outcomes: dict[str, int],
+    logged: Collected,
+    unchanged: Callable[[], Awaitable[None]],
+    value: Any,
+) -> None:
+    run_id = f'victim-{next(counter)}'
+    await write_victim(store, run_id)
+    await damage(run_id, value)
+    logged.records.clear()
+    refused = 0
+    listed = await store.list_runs()
+    assert 'sentinel' in {run.run_id for run in listed}
+    found = (
+        len(await store.list_events(run_id=run_id)),
+        len(await store.list_snapshots(run_id=run_id, include_interrupted=True)),
+        len(await store.list_snapshots(run_id=run_id)),
+        len(await store.list_unresolved_tool_effects(run_id=run_id)),
+    )
+    await store.latest_snapshot(run_id=run_id)
+    await store.latest_snapshot(run_id=run_id, include_interrupted=True)
+    for read in (
+        lambda: store.get_run(run_id=run_id),
+        lambda: store.get_tool_effect(run_id=run_id, tool_call_id='a'),
+        lambda: store.get_tool_effect(run_id=run_id, tool_call_id='b'),
+    ):
+        try:
+            await read()
+        except ValueError:
+            refused += 1
+    complete = found == (3, 3, 2, 1) and run_id in {run.run_id for run in listed} and not refused
+    outcomes['all readable' if complete else 'something skipped or refused'] += 1
+    if found[0] < 3 or found[1] < 3 or run_id not in {run.run_id for run in listed}:
+        assert logged.records, 'a record a listing skipped was logged'
+        outcomes['skipped and logged'] += 1
+    await unchanged()
 
 
 # --- files ---
