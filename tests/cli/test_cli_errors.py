@@ -128,3 +128,30 @@ def test_console_script_reports_a_database_without_tables(tmp_path: Path) -> Non
         args = [*command, '--store', store] if command[0] != 'copy' else command
         failed = cli(*args, expect=EXIT_DATABASE)
         assert 'no such table' in failed.stderr and 'cannot reach' not in failed.stderr, command
+
+
+COMMANDS = [
+    ['runs', 'list'],
+    ['runs', 'show', 'some-run'],
+    ['runs', 'tree', 'some-run'],
+    ['runs', 'unresolved'],
+    ['report'],
+    ['prune', '--older-than', '30d'],
+    ['gc'],
+]
+
+
+@pytest.mark.parametrize(
+    'url',
+    [
+        'postgresql://nobody:secret@127.0.0.1:1/none',
+        'mongodb://nobody:secret@127.0.0.1:1/none?serverSelectionTimeoutMS=200',
+    ],
+    ids=['postgres', 'mongo'],
+)
+def test_every_command_reports_an_unreachable_server(url: str) -> None:
+    for command in [*COMMANDS, ['copy', url, 'memory://'], ['copy', 'memory://', url]]:
+        args = command if command[0] == 'copy' else [*command, '--store', url]
+        unreachable = cli(*args, '--json', expect=EXIT_UNREACHABLE)
+        assert 'cannot reach the store' in unreachable.stderr, command
+        assert 'secret' not in unreachable.stderr and unreachable.stdout == '', command
