@@ -26,7 +26,7 @@ from step_persistence import StepEvent, StepStore, continue_run, from_spec, insp
 
 pytestmark = pytest.mark.anyio
 
-KILLS_PER_BACKEND = 32
+KILLS_PER_BACKEND = 30
 CRASH_BACKENDS = ['file', 'sqlite', 'postgres', 'mongo']
 TRANSACTIONAL = {'sqlite', 'postgres'}
 
