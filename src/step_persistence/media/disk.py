@@ -8,7 +8,7 @@ import os
 import secrets
 import tempfile
 from collections.abc import AsyncIterator, Mapping
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -39,6 +39,14 @@ def _write_atomically(path: Path, data: bytes) -> None:
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _modified(path: Path) -> datetime:
+    """The file's modification time as an aware UTC datetime (exact to the microsecond)."""
+    return _EPOCH + timedelta(microseconds=path.stat().st_mtime_ns // 1000)
 
 
 def _touch(path: Path) -> bool:
@@ -153,12 +161,12 @@ class DiskMediaStore:
                 path = Path(root, name)
                 key = path.relative_to(self.directory).as_posix()
                 uri = uri_of_key(key)
+                if uri is None:
+                    continue
                 try:
-                    modified = path.stat().st_mtime_ns
+                    found.append(StoredBlob(uri, key, _modified(path)))
                 except FileNotFoundError:
                     continue
-                if uri is not None:
-                    found.append(StoredBlob(uri, key, datetime.fromtimestamp(modified / 1e9, UTC)))
         return found
 
     async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
@@ -167,7 +175,8 @@ class DiskMediaStore:
         The file is first renamed aside (atomically), then its modification time is checked: a
         blob touched since `touched_before` is put back (unless it was stored again meanwhile). A
         writer's `touch` either happens before the rename (and is seen) or fails (and the writer
-        puts the blob again).
+        puts the blob again). A read of a blob being put back fails in that instant, and a crash
+        between the rename and the end leaves the renamed file (a dot file, never listed).
         """
         path = self.directory.joinpath(*blob.key.split('/'))
 
@@ -177,13 +186,11 @@ class DiskMediaStore:
                 os.rename(path, aside)
             except FileNotFoundError:
                 return False
-            if touched_before is not None:
-                touched = datetime.fromtimestamp(aside.stat().st_mtime_ns / 1e9, UTC)
-                if touched >= touched_before:
-                    with contextlib.suppress(FileExistsError):  # stored again meanwhile
-                        os.link(aside, path)
-                    aside.unlink()
-                    return False
+            if touched_before is not None and _modified(aside) >= touched_before:
+                with contextlib.suppress(FileExistsError):  # stored again meanwhile
+                    os.link(aside, path)
+                aside.unlink()
+                return False
             if not path.exists():  # not stored again meanwhile
                 self._sidecar(path).unlink(missing_ok=True)
             aside.unlink()
