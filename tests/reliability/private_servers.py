@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 from pathlib import Path
@@ -15,6 +16,21 @@ from pathlib import Path
 from servers import free_port, wait_until
 from servers.mongo import _answers_ping, _secantus_command
 from servers.postgres import SERVER_OPTIONS, PostgresServer, _as_server_user, _binaries, _memory_backed_directory
+
+
+def children_of(parent: int) -> list[int]:
+    """Every process whose parent is `parent` (from /proc)."""
+    children = []
+    for entry in Path('/proc').iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / 'stat').read_text()
+        except OSError:
+            continue
+        if int(stat.rsplit(')', 1)[1].split()[1]) == parent:
+            children.append(int(entry.name))
+    return children
 
 
 class PrivatePostgres:
@@ -51,9 +67,24 @@ class PrivatePostgres:
     def stop(self) -> None:
         self._run('pg_ctl', '-D', str(self.data), '-m', 'fast', '-w', 'stop')
 
+    def _processes(self) -> list[int]:
+        """The postmaster and every process it started."""
+        postmaster = int((self.data / 'postmaster.pid').read_text().split()[0])
+        return [postmaster, *children_of(postmaster)]
+
+    def freeze(self) -> None:
+        """Suspend the server: connections stay open and new ones are accepted by the kernel, nothing answers."""
+        for pid in self._processes():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self._processes():
+            os.kill(pid, signal.SIGCONT)
+
     def close(self) -> None:
         try:
             if (self.data / 'postmaster.pid').exists():
+                self.thaw()
                 self.stop()
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
@@ -83,7 +114,19 @@ class PrivateMongo:
         if process.poll() is not None:
             raise RuntimeError(f'secantusd-py exited with status {process.returncode}: {log_path.read_text()}')
 
+    def freeze(self) -> None:
+        assert self._process is not None
+        for pid in [self._process.pid, *children_of(self._process.pid)]:
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        assert self._process is not None
+        for pid in [self._process.pid, *children_of(self._process.pid)]:
+            os.kill(pid, signal.SIGCONT)
+
     def stop(self) -> None:
+        if self._process is not None:
+            self.thaw()
         process, self._process = self._process, None
         if process is None:
             return

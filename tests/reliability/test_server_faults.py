@@ -18,6 +18,7 @@ import anyio.to_thread
 import pytest
 from private_servers import PrivateMongo, PrivatePostgres
 from pydantic_ai import Agent
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from scripted import calls, scripted, text
 from servers import skip_if_opted_out
@@ -36,9 +37,12 @@ pytestmark = pytest.mark.anyio
 
 TIMEOUT_SECONDS = 2.0
 """The client timeout the tests configure (MongoDB server selection); a failing write must give up by then."""
-GRACE_SECONDS = 10.0
+GRACE_SECONDS = 15.0
 """Slack on a loaded machine: once the server is down, the run (two failing flushes: the tool's, then
-the failure's) must fail within timeout x 2 + this. Server selection without the configured timeout
+the failure's) must fail within timeout x 2 + this; when the server is frozen, within timeout x 8 +
+this (each failing write may wait out several timeouts: a ping and a connection attempt on
+PostgreSQL; a socket timeout, a retry and server selection on MongoDB). Without configured
+timeouts a frozen server makes a write wait forever (pymongo's default socket timeout is none). Server selection without the configured timeout
 would take 30 s per write."""
 
 
@@ -82,8 +86,18 @@ def outage_agent(store: StepStore, stop_server: Callable[[], None], run_id: str)
 
 
 async def run_through_outage(
-    store: StepStore, open_fresh: Callable[[], StepStore], stop: Callable[[], None], start: Callable[[], None]
+    store: StepStore,
+    open_fresh: Callable[[], StepStore],
+    stop: Callable[[], None],
+    start: Callable[[], None],
+    *,
+    frozen: bool = False,
 ) -> None:
+    """Run the outage agent, bring the server back, and check what the store kept.
+
+    `frozen`: the server was suspended, not stopped, so writes that timed out on the client may
+    still land once it resumes; then only what was committed before the outage is pinned down.
+    """
     stopped_at: list[float] = []
 
     def stop_and_note() -> None:
@@ -99,7 +113,9 @@ async def run_through_outage(
     assert failure is not None, 'the write after the outage must fail'
     assert classify_error(failure) == 'unreachable', repr(failure)
     elapsed = time.monotonic() - stopped_at[0]
-    assert elapsed < 2 * TIMEOUT_SECONDS + GRACE_SECONDS, f'the run took {elapsed:.1f} s to fail: {failure!r}'
+    bound = (8 if frozen else 2) * TIMEOUT_SECONDS + GRACE_SECONDS
+    print(f'failed {elapsed:.1f} s after the outage began: {failure!r}'[:300])
+    assert elapsed < bound, f'the run took {elapsed:.1f} s to fail: {failure!r}'
 
     await anyio.to_thread.run_sync(start)
 
@@ -112,12 +128,19 @@ async def run_through_outage(
     async with open_fresh() as fresh:
         assert [run.run_id for run in await fresh.list_runs()] == ['outage', 'after']
         report = await inspect_recovery(store=fresh, run_id='outage')
-        assert [effect.tool_call_id for effect in report.unresolved_effects] == ['notify-1']
-        assert report.completed_tools == ['book']
+        effect = await fresh.get_tool_effect(run_id='outage', tool_call_id='notify-1')
+        assert effect is not None
+        if not frozen or effect.status == 'started':
+            assert [effect.tool_call_id for effect in report.unresolved_effects] == ['notify-1']
+        assert report.completed_tools[:1] == ['book']
         assert report.latest_complete_snapshot is not None
-        assert report.latest_complete_snapshot.messages == history
-        kinds = [event.kind for event in await fresh.list_events(run_id='outage')]
-        assert kinds == [
+        if not frozen:
+            assert report.latest_complete_snapshot.messages == history
+        events = await fresh.list_events(run_id='outage')
+        keys = [event.idempotency_key for event in events]
+        assert len(keys) == len(set(keys)), 'no event was written twice'
+        kinds = [event.kind for event in events]
+        assert kinds[: 8 if frozen else None] == [
             'run_started',
             'model_request_started',
             'model_request_completed',
@@ -153,5 +176,43 @@ async def test_mongo_stopped_mid_run_fails_the_write_within_the_timeout_and_lose
     store = MongoStepStore(**options)
     try:
         await run_through_outage(store, lambda: MongoStepStore(**options), private_mongo.stop, private_mongo.start)
+    finally:
+        await store.aclose()
+
+
+async def test_postgres_frozen_mid_run_fails_the_write_within_the_configured_timeouts(
+    private_postgres: PrivatePostgres,
+) -> None:
+    """A server that accepts connections but never answers (SIGSTOP): the engine's timeouts end the wait."""
+    server = private_postgres.server
+    url = server.url(await server.create_database())
+    timeouts = {'timeout': TIMEOUT_SECONDS, 'command_timeout': TIMEOUT_SECONDS}
+
+    def engine() -> AsyncEngine:
+        return create_async_engine(url, pool_pre_ping=True, connect_args=timeouts)
+
+    engines = [engine(), engine()]
+    store = PostgresStepStore(engines[0])
+    try:
+        await run_through_outage(
+            store, lambda: PostgresStepStore(engines[1]), private_postgres.freeze, private_postgres.thaw, frozen=True
+        )
+    finally:
+        await store.aclose()
+        for made in engines:
+            await made.dispose()
+
+
+async def test_mongo_frozen_mid_run_fails_the_write_within_the_configured_timeouts(
+    private_mongo: PrivateMongo, tmp_path: Path
+) -> None:
+    timeout_ms = int(TIMEOUT_SECONDS * 1000)
+    timeouts = f'&serverSelectionTimeoutMS={timeout_ms}&connectTimeoutMS={timeout_ms}&socketTimeoutMS={timeout_ms}'
+    options: dict[str, Any] = {'db_url': private_mongo.uri + timeouts, 'database': f'frozen_{tmp_path.name}'[:60]}
+    store = MongoStepStore(**options)
+    try:
+        await run_through_outage(
+            store, lambda: MongoStepStore(**options), private_mongo.freeze, private_mongo.thaw, frozen=True
+        )
     finally:
         await store.aclose()
