@@ -36,14 +36,14 @@ from step_persistence.cli._common import classify_error
 pytestmark = pytest.mark.anyio
 
 TIMEOUT_SECONDS = 2.0
-"""The client timeout the tests configure (MongoDB server selection); a failing write must give up by then."""
+"""The client timeouts the tests configure (connect, statement, socket, server selection)."""
 GRACE_SECONDS = 15.0
 """Slack on a loaded machine: once the server is down, the run (two failing flushes: the tool's, then
 the failure's) must fail within timeout x 2 + this; when the server is frozen, within timeout x 8 +
 this (each failing write may wait out several timeouts: a ping and a connection attempt on
 PostgreSQL; a socket timeout, a retry and server selection on MongoDB). Without configured
-timeouts a frozen server makes a write wait forever (pymongo's default socket timeout is none). Server selection without the configured timeout
-would take 30 s per write."""
+timeouts a frozen server makes a write wait forever (pymongo's default socket timeout is none), and
+a stopped MongoDB server 30 s per write (the default server selection timeout)."""
 
 
 @pytest.fixture(scope='module')
