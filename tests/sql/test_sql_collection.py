@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
+from contextlib import closing
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -13,12 +15,14 @@ import anyio.to_thread
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 from sqlalchemy import update
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from sql.media_writer import RUN_ID, SCRIPT, history_for, payload
 from step_persistence import ContinuableSnapshot, RunRecord, SqliteStepStore
 from step_persistence.media import REUSE_WINDOW
 from step_persistence.media.clock import media_now
+from step_persistence.stores.sql.collection import _DELETE_UNUSED
 from step_persistence.stores.sql.schema import media
 from step_persistence.testing.conformance import T0
 
@@ -87,3 +91,18 @@ async def test_collect_media_while_another_process_reuses_an_old_blob(tmp_path: 
         for snapshot in snapshots:
             expected = ModelMessagesTypeAdapter.dump_python(history_for(snapshot.step_index), mode='json')
             assert ModelMessagesTypeAdapter.dump_python(snapshot.messages, mode='json') == expected
+
+
+async def test_the_delete_of_unused_messages_is_correlated_and_indexed(tmp_path: Path) -> None:
+    """SQLite's plan: every subquery is correlated with the row being deleted and searches an index."""
+    database = tmp_path / 'plan.db'
+    async with SqliteStepStore(database) as store:
+        await store.migrate()
+    statement = str(_DELETE_UNUSED.compile(dialect=sqlite.dialect()))
+    with closing(sqlite3.connect(database)) as connection:
+        plan = [row[3] for row in connection.execute(f'EXPLAIN QUERY PLAN {statement}')]
+    subqueries = [step for step in plan if 'SUBQUERY' in step]
+    assert subqueries and all(step.startswith('CORRELATED') for step in subqueries), plan
+    searches = [step for step in plan if step.startswith(('SEARCH', 'SCAN'))]
+    assert searches[0] == 'SCAN messages', plan
+    assert all(step.startswith('SEARCH') and 'INDEX' in step for step in searches[1:]), plan

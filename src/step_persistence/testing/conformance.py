@@ -802,6 +802,23 @@ class StepStoreConformance:
         await self._assert_histories(store, 'r', {3: first})
         assert collected.messages >= 1
 
+    async def test_collect_media_keeps_the_versions_retained_snapshots_use(self, make_store: StoreFactory) -> None:
+        """Superseded versions that a retained snapshot still uses stay, in every run (numbers are per run)."""
+        store = await make_store(max_snapshots_per_run=2)
+        start: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart(content='start', timestamp=T0)])]
+        saved: dict[str, dict[int, list[ModelMessage]]] = {}
+        for run_id, turns in (('short', 1), ('long', 3)):
+            await self._register(store, run_id)
+            grown = start + [message for step in range(turns) for message in self._media_turn(step, b'x' * step)]
+            completed = grown[:-1] + self._media_turn(turns, self._payload(f'{run_id} completed'))[1:]
+            saved[run_id] = {1: grown, 2: completed}  # the newest message is replaced, as pydantic-ai does
+            for step, history in saved[run_id].items():
+                await self._save_history(store, run_id, step, history)
+        await store.collect_media(grace=timedelta(0))
+        for run_id, histories in saved.items():
+            await self._assert_histories(store, run_id, histories)
+            assert len(await store.list_snapshots(run_id=run_id)) == 2
+
     async def test_collect_media_deletes_unreferenced_blobs(self, make_store: StoreFactory) -> None:
         store = await make_store(max_snapshots_per_run=2)
         for run_id in ('keep', 'gone'):

@@ -32,6 +32,7 @@ def _unused_messages() -> Delete:
     next_version = (
         select(func.min(newer.c.no))
         .where(newer.c.run_id == messages.c.run_id, newer.c.position == messages.c.position, newer.c.no > messages.c.no)
+        .correlate(messages)  # the row being deleted, two levels out
         .scalar_subquery()
     )
     superseded = exists().where(
