@@ -9,16 +9,14 @@ deeper on each backend.
 from __future__ import annotations
 
 import string
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator
 from typing import Any
 
-import anyio.from_thread
-import anyio.to_thread
 import pytest
 from crash_ledger import fingerprint
-from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart
+from reliability_helpers import for_examples, write_sentinel
 
 from backends import BACKENDS, BackendSession
 from step_persistence import (
@@ -26,8 +24,6 @@ from step_persistence import (
     FileStepStore,
     RunRecord,
     StepEvent,
-    StepStore,
-    ToolEffectRecord,
 )
 from step_persistence.media.walker import DEFAULT_THRESHOLD_BYTES, MARKER_KEY, MARKER_VERSION
 from step_persistence.testing.conformance import T0, sample_history
@@ -35,63 +31,12 @@ from step_persistence.testing.conformance import T0, sample_history
 pytestmark = pytest.mark.anyio
 
 BACKEND_NAMES = ['memory', 'file', 'sqlite', 'postgres', 'mongo']
-EXAMPLES = settings(
-    max_examples=20,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-)
-
-
-async def for_examples(
-    strategy: st.SearchStrategy[Any], check: Callable[[Any], Awaitable[None]], *, always: Sequence[Any] = ()
-) -> None:
-    """Run `check` on `always`, then on examples of `strategy`, on this event loop (where the stores live).
-
-    Hypothesis drives a synchronous function in a worker thread, which hands each example back.
-    """
-
-    def run(value: Any) -> None:
-        anyio.from_thread.run(check, value)
-
-    for value in always:
-        run = example(value=value)(run)
-    await anyio.to_thread.run_sync(EXAMPLES(given(value=strategy)(run)))
 
 
 @pytest.fixture(params=BACKEND_NAMES)
 async def session(request: pytest.FixtureRequest) -> AsyncIterator[BackendSession]:
     async with BACKENDS[request.param].open(request) as opened:
         yield opened
-
-
-# --- the sentinel: a run that must never change ---
-
-
-async def write_sentinel(store: StepStore) -> Callable[[], Awaitable[None]]:
-    """Write a run with every kind of record; returns a check that it still reads back identically."""
-    await store.register_run(RunRecord(run_id='sentinel', conversation_id='c', metadata={'k': 'v'}, started_at=T0))
-    await store.append_event(StepEvent(run_id='sentinel', kind='run_started', step_index=0, timestamp=T0))
-    await store.save_snapshot(ContinuableSnapshot(run_id='sentinel', step_index=1, messages=sample_history(2)))
-    await store.record_tool_effect(
-        ToolEffectRecord(run_id='sentinel', tool_call_id='t1', tool_name='pay', status='started', started_at=T0)
-    )
-
-    async def read() -> tuple[Any, ...]:
-        snapshots = await store.list_snapshots(run_id='sentinel', include_interrupted=True)
-        return (
-            await store.get_run(run_id='sentinel'),
-            await store.list_events(run_id='sentinel'),
-            [(s.seq, s.state, fingerprint(s.messages)) for s in snapshots],
-            await store.list_unresolved_tool_effects(run_id='sentinel'),
-        )
-
-    original = await read()
-
-    async def unchanged() -> None:
-        assert await read() == original, 'the sentinel run changed'
-
-    return unchanged
 
 
 # --- run ids ---

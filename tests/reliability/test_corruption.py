@@ -17,9 +17,9 @@ from typing import Any
 import anyio.to_thread
 import pytest
 from hypothesis import strategies as st
+from reliability_helpers import for_examples, write_sentinel
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import create_async_engine
-from test_bad_input import for_examples, write_sentinel
 
 from servers.mongo import MongoServer, Scratch
 from sql.databases import EmptyDatabase
