@@ -173,7 +173,8 @@ async def inspect_recovery(*, store: StepStore, run_id: str) -> RecoveryReport:
     settled: dict[str, ToolEffectRecord] = {}
     for event in await store.list_events(run_id=run_id):
         call_id = event.tool_call_id
-        if event.kind in ('tool_call_completed', 'tool_call_failed') and call_id is not None and call_id not in settled:
+        # From the `started` event on: a crash may keep a call's ending ledger record without its ending event.
+        if event.kind.startswith('tool_call_') and call_id is not None and call_id not in settled:
             effect = await store.get_tool_effect(run_id=run_id, tool_call_id=call_id)
             if effect is not None and effect.status != 'started':
                 settled[call_id] = effect
