@@ -62,9 +62,8 @@ class StoreState:
 
     @property
     def completed_tools(self) -> list[str]:
-        """What `inspect_recovery` lists: calls with an ending event whose ledger record says `completed`."""
-        ended = {call_id for _, kind, call_id in self.events if kind in ('tool_call_completed', 'tool_call_failed')}
-        return sorted(effect[1] for call_id, effect in self.effects if call_id in ended and effect[0] == 'completed')
+        """Every call whose ledger record says `completed`, whether or not its ending event was written."""
+        return sorted(effect[1] for _, effect in self.effects if effect[0] == 'completed')
 
     @property
     def latest_complete(self) -> tuple[str, str, str] | None:
