@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -79,17 +80,29 @@ class Zygote:
         assert hello['op'] == 'hello', f'{hello}\n{self.log_tail()}'
         pid = hello['pid']
         child = ChildRun()
-        while True:
-            message = self._read()
-            if message['op'] == 'exit':
-                child.status = message['status']
-                return child
-            assert child.killed_at is None, f'the child went on after it was killed: {message}'
-            child.messages.append(message)
-            on_message(message)
-            if len(child.messages) == kill_at:
-                os.kill(pid, signal.SIGKILL)
-                child.killed_at = message
+        try:
+            while True:
+                message = self._read()
+                if message['op'] == 'exit':
+                    child.status = message['status']
+                    return child
+                assert child.killed_at is None, f'the child went on after it was killed: {message}'
+                child.messages.append(message)
+                on_message(message)
+                if len(child.messages) == kill_at:
+                    os.kill(pid, signal.SIGKILL)
+                    child.killed_at = message
+        except BaseException:
+            self._abandon(pid)
+            raise
+
+    def _abandon(self, pid: int) -> None:
+        """After a failure: kill the child and read up to the zygote's `exit`, so the next run starts clean."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            while self._read()['op'] != 'exit':
+                pass
 
     def write_concurrently(self, jobs: list[dict[str, Any]]) -> list[int]:
         """Fork one writer per job (see `crash_zygote.WRITERS`), start them together; their exit codes."""
