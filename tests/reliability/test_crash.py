@@ -1,11 +1,12 @@
 """SIGKILL an agent run at seeded random points on every durable backend; nothing committed is lost.
 
 A zygote process imports everything once and forks one child per run (see `crash_zygote.py` for
-the progress protocol). The child stops after each progress message until the test says `go`, so
-a kill lands exactly at a known message: before a write, between two SQL statements, MongoDB
-commands or file writes of a write, in the middle of a file write, after a write returned, or
-while a tool body runs. `ledger.RunLedger` turns the messages into the set of store states the
-kill may have left; a fresh store must show exactly one of them.
+the progress protocol). The child reports each step over a pipe and stops at the chosen message
+until the test says `go`; the test kills it there instead, so a kill lands exactly at a known
+message: before a write, between two SQL statements, MongoDB commands or file writes of a write,
+in the middle of a file write, after a write returned, or while a tool body runs.
+`crash_ledger.RunLedger` turns the messages into the set of store states the kill may have left;
+a fresh store must show exactly one of them.
 """
 
 from __future__ import annotations
@@ -121,14 +122,11 @@ async def test_sigkill_at_seeded_points_keeps_exactly_what_was_committed(
                 tally.kills += 1
             async with from_spec(**spec) as store:  # a fresh store object, as after a restart
                 state = await check_recovery(store, ledger, child)
-                if state.unresolved:
-                    tally.with_unresolved += 1
-                else:
-                    tally.without_unresolved += 1
-                if ledger.inside:
-                    tally.inside_writes += 1
-                elif child.killed_at is not None:
-                    tally.between_writes += 1
+                if child.killed_at is not None:
+                    tally.with_unresolved += bool(state.unresolved)
+                    tally.without_unresolved += not state.unresolved
+                    tally.inside_writes += bool(ledger.inside)
+                    tally.between_writes += not ledger.inside
                 if state.registered:  # the crashed run still takes writes (e.g. after a torn line)
                     await store.append_event(
                         StepEvent(run_id=run_id, kind='run_failed', step_index=0, idempotency_key='after-crash')
@@ -143,5 +141,6 @@ async def test_sigkill_at_seeded_points_keeps_exactly_what_was_committed(
             for run_id, (call_ids, state) in expected.items():
                 assert await observe_store(store, run_id, call_ids) == state, run_id
 
+    print(f'{backend_name}: {tally}')
     assert tally.with_unresolved > 0 and tally.without_unresolved > 0, tally
     assert tally.inside_writes > 0 and tally.between_writes > 0, tally
