@@ -15,7 +15,7 @@ from step_persistence.protocol import StepStore
 from step_persistence.records import RUN_STATUSES, RunRecord, RunStatus, require_utc, utc_now
 from step_persistence.status import run_status
 
-__all__ = ['delegated_run_ids', 'delete_delegated_runs', 'prune_runs', 'validate_statuses']
+__all__ = ['delegated_run_ids', 'delete_delegated_runs', 'prunable_runs', 'prune_runs', 'validate_statuses']
 
 
 async def delegated_run_ids(
@@ -82,7 +82,7 @@ def validate_statuses(statuses: Collection[RunStatus] | None) -> frozenset[str] 
     return wanted
 
 
-async def prune_runs(
+async def prunable_runs(
     store: StepStore,
     *,
     older_than: datetime,
@@ -90,7 +90,7 @@ async def prune_runs(
     include_running: bool = False,
     candidates: Iterable[RunRecord] | None = None,
 ) -> list[str]:
-    """`StepStore.prune_runs` on any store, deleting through `store.delete_run`.
+    """The runs `StepStore.prune_runs` would delete, oldest first; nothing is deleted.
 
     `candidates`: the runs that started before `older_than`, oldest first, if the store can find
     them better than by filtering `list_runs()`; their `started_at` is checked again here. Every
@@ -101,7 +101,7 @@ async def prune_runs(
     if candidates is None:
         candidates = await store.list_runs()
     now = utc_now()
-    deleted: list[str] = []
+    chosen: list[str] = []
     for record in candidates:
         if record.started_at >= cutoff:
             continue
@@ -113,6 +113,22 @@ async def prune_runs(
             )
             if (status == 'running' and not include_running) or (wanted is not None and status not in wanted):
                 continue
-        await store.delete_run(run_id=record.run_id)
-        deleted.append(record.run_id)
-    return deleted
+        chosen.append(record.run_id)
+    return chosen
+
+
+async def prune_runs(
+    store: StepStore,
+    *,
+    older_than: datetime,
+    statuses: Collection[RunStatus] | None = None,
+    include_running: bool = False,
+    candidates: Iterable[RunRecord] | None = None,
+) -> list[str]:
+    """`StepStore.prune_runs` on any store: the `prunable_runs`, each deleted through `store.delete_run`."""
+    doomed = await prunable_runs(
+        store, older_than=older_than, statuses=statuses, include_running=include_running, candidates=candidates
+    )
+    for run_id in doomed:
+        await store.delete_run(run_id=run_id)
+    return doomed

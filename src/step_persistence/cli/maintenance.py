@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from functools import partial
 from typing import Annotated, cast
 
 import typer
@@ -22,24 +23,11 @@ from step_persistence.cli._common import (
     warn,
 )
 from step_persistence.collection import MediaCollection
+from step_persistence.lifecycle import prunable_runs
 from step_persistence.media.clock import REUSE_WINDOW
-from step_persistence.protocol import StepStore
 from step_persistence.records import RUN_STATUSES, RunStatus
-from step_persistence.reporting import summarize_runs
 
 __all__ = ['gc', 'prune']
-
-
-async def _prunable(
-    store: StepStore, *, older_than: datetime, statuses: set[RunStatus] | None, include_running: bool
-) -> list[str]:
-    """The runs `prune_runs` would delete, oldest first (the same rule, nothing deleted)."""
-    candidates = [record for record in await store.list_runs() if record.started_at < older_than]
-    return [
-        summary.run_id
-        for summary in await summarize_runs(store, candidates)
-        if (include_running or summary.status != 'running') and (statuses is None or summary.status in statuses)
-    ]
 
 
 def prune(
@@ -81,9 +69,8 @@ def prune(
 
     async def main() -> list[str]:
         async with open_store(store) as opened:
-            if dry_run:
-                return await _prunable(opened, older_than=cutoff, statuses=statuses, include_running=include_running)
-            return await opened.prune_runs(older_than=cutoff, statuses=statuses, include_running=include_running)
+            select = partial(prunable_runs, opened) if dry_run else opened.prune_runs
+            return await select(older_than=cutoff, statuses=statuses, include_running=include_running)
 
     run_ids = run(main)
     if json_output:
