@@ -547,9 +547,10 @@ async def store_operations(
                 # list_runs among many runs: 10 runs per conversation, one parent per 10 runs.
                 registered = time.perf_counter()
                 batch = 50 if backend in ('postgres', 'mongo') else 1
+                run_count = many_runs
                 for first in range(0, many_runs, batch):
                     if first and time.perf_counter() - registered > budget:
-                        many_runs = first  # the store's registration is too slow for the budget: fewer runs
+                        run_count = first  # the store's registration is too slow for the budget: fewer runs
                         break
                     await asyncio.gather(
                         *(
@@ -559,9 +560,9 @@ async def store_operations(
                             for n in range(first, min(first + batch, many_runs))
                         )
                     )
-                result.figures['register_run/s'] = many_runs / (time.perf_counter() - registered)
-                result.figures['runs'] = str(many_runs)
-                middle = many_runs // 20
+                result.figures['register_run/s'] = run_count / (time.perf_counter() - registered)
+                result.figures['runs'] = str(run_count)
+                middle = run_count // 20
                 found_runs = await store.list_runs(conversation_id=f'conv{middle}')
                 assert len(found_runs) == 10, len(found_runs)
                 result.figures['list_runs(conversation) ms'] = 1e3 * await _median_seconds(
