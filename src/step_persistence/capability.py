@@ -268,8 +268,9 @@ class StepPersistence(AbstractCapability[Any]):
         """Write everything queued for the run, in one batch, and announce its snapshots.
 
         Writes are queued as the run goes and flushed where durability matters: before a model
-        request is sent, before a tool body runs, when a tool call ends, and when the run ends.
-        The flush runs to its end even if the caller is cancelled meanwhile.
+        request is sent, before a tool body runs, when a tool call ends without a result or while
+        sibling calls still run, and when the run ends (docs/capability.md, "Durability"). The
+        flush runs to its end even if the caller is cancelled meanwhile.
         """
         run = self._run
 
