@@ -28,7 +28,7 @@ from pydantic_ai.tools import RunContext, ToolDefinition
 from step_persistence._active import ACTIVE_RUN, ActiveRun
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence.helpers import unanswered_tool_call_ids
-from step_persistence.protocol import StepStore, write_steps
+from step_persistence.protocol import StepStore, batch_writer, write_steps
 from step_persistence.records import (
     ContinuableSnapshot,
     EventKind,
@@ -144,17 +144,6 @@ async def register_run_once(store: StepStore, record: RunRecord) -> None:
             raise
 
 
-def _batch_writer(store: StepStore) -> Callable[[StepWrites], Awaitable[None]] | None:
-    """The store's `write_batch` method, if it has one (`BatchingStepStore`).
-
-    Looked up by name, once per run: an `isinstance` check against the runtime-checkable protocol
-    inspects every protocol member at each call, and would silently fall back to one call per
-    write for a store that batches but lacks some unrelated optional method.
-    """
-    write_batch = getattr(store, 'write_batch', None)
-    return write_batch if callable(write_batch) else None
-
-
 def _failure_summary(error: BaseException) -> str:
     if isinstance(error, ToolRetryError):
         return f'retried: the tool asked the model to retry (ModelRetry) without returning a result: {error}'
@@ -211,7 +200,7 @@ class StepPersistence(AbstractCapability[Any]):
         copy = dataclasses.replace(self)
         copy._state = _RunState(
             active=ActiveRun(run_id=run_id, store=self.store),
-            write_batch=_batch_writer(self.store),
+            write_batch=batch_writer(self.store),
             conversation_id=ctx.conversation_id,
             parent_run_id=parent_run_id,
             agent_name=agent_name,
@@ -258,11 +247,7 @@ class StepPersistence(AbstractCapability[Any]):
 
     @durable_operation(name='write_steps')
     async def _persist_writes(self, ctx: RunContext[Any], writes: StepWrites) -> None:
-        write_batch = self._run.write_batch
-        if write_batch is not None:
-            await write_batch(writes)
-        else:
-            await write_steps(self.store, writes)
+        await write_steps(self.store, writes, write_batch=self._run.write_batch)
 
     async def _flush(self, ctx: RunContext[Any]) -> None:
         """Write everything queued for the run, in one batch, and announce its snapshots.

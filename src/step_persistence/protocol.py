@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Awaitable, Callable, Collection
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
@@ -19,7 +19,7 @@ from step_persistence.records import (
 if TYPE_CHECKING:
     from step_persistence.collection import MediaCollection
 
-__all__ = ['BatchingStepStore', 'StepStore', 'write_steps']
+__all__ = ['BatchingStepStore', 'StepStore', 'batch_writer', 'write_steps']
 
 
 @runtime_checkable
@@ -147,10 +147,27 @@ class BatchingStepStore(StepStore, Protocol):
         ...
 
 
-async def write_steps(store: StepStore, writes: StepWrites) -> None:
-    """Apply `writes` to any store: in one batch if it batches, else call by call in order."""
-    if isinstance(store, BatchingStepStore):
-        await store.write_batch(writes)
+def batch_writer(store: StepStore) -> Callable[[StepWrites], Awaitable[None]] | None:
+    """The store's `write_batch` method if it has one (`BatchingStepStore`), else `None`.
+
+    Looked up by name: an `isinstance` check against the runtime-checkable protocol inspects
+    every protocol member at each call, and would fall back to one call per write for a store
+    that batches but lacks some unrelated method. Callers that write often look it up once.
+    """
+    write_batch = getattr(store, 'write_batch', None)
+    return write_batch if callable(write_batch) else None
+
+
+async def write_steps(
+    store: StepStore, writes: StepWrites, *, write_batch: Callable[[StepWrites], Awaitable[None]] | None = None
+) -> None:
+    """Apply `writes` to any store: in one batch if it batches, else call by call in order.
+
+    `write_batch`: `batch_writer(store)` when the caller already looked it up.
+    """
+    write_batch = write_batch or batch_writer(store)
+    if write_batch is not None:
+        await write_batch(writes)
         return
     for effect in writes.tool_effects:
         await store.record_tool_effect(effect)
