@@ -3,6 +3,8 @@ SHELL := /bin/bash
 export UV_PYTHON_DOWNLOADS := never
 PYTHON ?= python3
 UV := $(PYTHON) -m uv
+# Two test workers (each starts its own throwaway servers): the CI machine has 2 cores.
+PYTEST_ARGS ?= -n 2
 
 .PHONY: uv postgres demo test lint typecheck pytest bench
 
