@@ -3,8 +3,8 @@ SHELL := /bin/bash
 export UV_PYTHON_DOWNLOADS := never
 PYTHON ?= python3
 UV := $(PYTHON) -m uv
-# Two test workers (each starts its own throwaway servers): the CI machine has 2 cores.
-PYTEST_ARGS ?= -n 2
+# Two test workers (each starts its own throwaway servers; idle workers steal queued tests): the CI machine has 2 cores.
+PYTEST_ARGS ?= -n 2 --dist worksteal
 
 .PHONY: uv postgres demo test lint typecheck pytest bench
 
