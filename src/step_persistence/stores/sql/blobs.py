@@ -18,6 +18,7 @@ from step_persistence.media.protocol import NO_CONTEXT, MediaContext, MediaStore
 from step_persistence.media.uri import media_uri_for, parse_media_uri
 from step_persistence.stores.sql.dialects import dialect_insert
 from step_persistence.stores.sql.executors import Transaction
+from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.schema import media
 
 __all__ = ['BlobWriter', 'StagedBlobs', 'blob_row']
@@ -39,7 +40,9 @@ class BlobWriter:
     """Inserts blob rows; a blob already stored is left as it is (its first description wins)."""
 
     def __init__(self, dialect_name: str) -> None:
-        self._insert = dialect_insert(dialect_name)(media).on_conflict_do_nothing(index_elements=[media.c.digest])
+        self._insert = Prepared(
+            dialect_insert(dialect_name)(media).on_conflict_do_nothing(index_elements=[media.c.digest])
+        )
 
     def write(self, transaction: Transaction, blob_rows: list[dict[str, Any]]) -> None:
         if blob_rows:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
@@ -32,6 +33,7 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql import Executable
 
 from step_persistence.stores.sql.engines import WRITE_OPTION
+from step_persistence.stores.sql.prepared import Prepared
 
 __all__ = ['AsyncExecutor', 'Executor', 'ThreadExecutor', 'Transaction']
 
@@ -45,9 +47,21 @@ class Transaction:
     connection: Connection
     options: Mapping[str, Any]
     """Execution options for each statement (a PostgreSQL schema's `schema_translate_map`)."""
+    driver: sqlite3.Connection | None = None
+    """The `sqlite3` connection under `connection`, when `Prepared` statements may run on it directly."""
 
-    def execute(self, statement: Executable, parameters: Any = None) -> Any:
-        """Run `statement` (with `parameters`: a dict, or a list of dicts for many rows); its `CursorResult`."""
+    def execute(self, statement: Executable | Prepared, parameters: Any = None) -> Any:
+        """Run `statement` (with `parameters`: a dict, or a list of dicts for many rows); its result.
+
+        The result is a `CursorResult`, or for a `Prepared` statement run on the driver a
+        `DriverResult`: either way `rowcount`, `first()`, `all()` and iteration over plain rows.
+        """
+        if isinstance(statement, Prepared):
+            if self.driver is not None:
+                result = statement.run(self.driver, self.connection.dialect, parameters)
+                if result is not None:
+                    return result
+            statement = statement.statement
         return self.connection.execute(statement, parameters, execution_options=self.options)
 
 
@@ -91,7 +105,9 @@ class ThreadExecutor:
 
 def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[str, Any]) -> T:
     with engine.connect() as connection, connection.begin():
-        return operation(Transaction(connection, options))
+        direct = not options and connection.dialect.name == 'sqlite'
+        driver = connection.connection.driver_connection if direct else None
+        return operation(Transaction(connection, options, driver))
 
 
 class AsyncExecutor:

@@ -210,7 +210,7 @@ class HistoryRows:
         if not new_rows:
             return StoredHistory(length=len(encoded), through_message=last_no)
         through = new_rows[-1][0]
-        transaction.execute(messages.insert(), values)
+        transaction.execute(self._statements.insert_messages, values)
         transaction.execute(self._statements.advance_messages, {'pk': run_pk, 'last_no': through})
         head.apply(new_rows, through=through)
         return StoredHistory(length=len(encoded), through_message=through)

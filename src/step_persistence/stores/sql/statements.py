@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Table, bindparam, delete, func, select, update
-from sqlalchemy.sql import Delete, Insert, Select, Update
-from sqlalchemy.sql.dml import ReturningInsert
+from sqlalchemy.sql import Delete
 
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.dialects import DialectInsert, dialect_insert
+from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.rows import RUN_KEY
-from step_persistence.stores.sql.schema import events, runs, snapshot_keys, snapshots, tool_effects
+from step_persistence.stores.sql.schema import events, messages, runs, snapshot_keys, snapshots, tool_effects
 
 __all__ = ['WriteStatements']
 
@@ -39,21 +39,23 @@ def _from_run(insert: Any, table: Table, names: tuple[str, ...]) -> DialectInser
 class WriteStatements:
     """Every statement the store's write operations execute, for one dialect."""
 
-    register_run: ReturningInsert[Any]
+    register_run: Prepared
     """Values `rows.run_values`; returns the new row's `id`, or nothing for a duplicate `run_id`."""
-    append_event: DialectInsert
+    append_event: Prepared
     """Values `rows.event_values` without `run_id`, and `run`; a repeated idempotency key inserts nothing."""
-    record_tool_effect: DialectInsert
+    record_tool_effect: Prepared
     """Values `rows.tool_effect_values` without `run_id`, and `run`; upserts by `(run_id, tool_call_id)`."""
-    claim_snapshot_key: DialectInsert
+    claim_snapshot_key: Prepared
     """Values `idempotency_key` and `run`; inserts nothing when the run already used the key."""
-    allocate_snapshot: Update
+    allocate_snapshot: Prepared
     """Value `run`; returns the run's `id`, its new `last_snapshot_seq` and its `last_message_no`."""
-    insert_snapshot: Insert
+    insert_snapshot: Prepared
     """Values `rows.snapshot_values`."""
-    advance_messages: Update
+    insert_messages: Prepared
+    """Values of `messages` rows (a list of dicts)."""
+    advance_messages: Prepared
     """Values `pk` (the run's `id`) and `last_no`: the number of the run's newest message row."""
-    snapshot_states: Select[Any]
+    snapshot_states: Prepared
     """Value `run`: `(seq, state)` of every snapshot of the run."""
     prune_snapshots: Delete
     """Values `run` and `seqs` (a list): deletes those snapshots of the run."""
@@ -68,34 +70,47 @@ class WriteStatements:
         effects_insert = _from_run(insert, tool_effects, rows.TOOL_EFFECT_FIELDS)
         excluded = effects_insert.excluded
         return cls(
-            register_run=insert(runs).on_conflict_do_nothing(index_elements=[runs.c.run_id]).returning(runs.c.id),
-            append_event=events_insert.on_conflict_do_nothing(
-                index_elements=[events.c.run_id, events.c.idempotency_key],
-                index_where=events.c.idempotency_key.is_not(None),
+            register_run=Prepared(
+                insert(runs).on_conflict_do_nothing(index_elements=[runs.c.run_id]).returning(runs.c.id)
             ),
-            record_tool_effect=effects_insert.on_conflict_do_update(
-                index_elements=[tool_effects.c.run_id, tool_effects.c.tool_call_id],
-                set_={
-                    'tool_name': excluded.tool_name,
-                    'status': excluded.status,
-                    'started_at': excluded.started_at,
-                    'ended_at': excluded.ended_at,
-                    'idempotency_key': func.coalesce(excluded.idempotency_key, tool_effects.c.idempotency_key),
-                    'effect_summary': func.coalesce(excluded.effect_summary, tool_effects.c.effect_summary),
-                },
+            append_event=Prepared(
+                events_insert.on_conflict_do_nothing(
+                    index_elements=[events.c.run_id, events.c.idempotency_key],
+                    index_where=events.c.idempotency_key.is_not(None),
+                )
             ),
-            claim_snapshot_key=_from_run(insert, snapshot_keys, ('run_id', 'idempotency_key')).on_conflict_do_nothing(
-                index_elements=[snapshot_keys.c.run_id, snapshot_keys.c.idempotency_key]
+            record_tool_effect=Prepared(
+                effects_insert.on_conflict_do_update(
+                    index_elements=[tool_effects.c.run_id, tool_effects.c.tool_call_id],
+                    set_={
+                        'tool_name': excluded.tool_name,
+                        'status': excluded.status,
+                        'started_at': excluded.started_at,
+                        'ended_at': excluded.ended_at,
+                        'idempotency_key': func.coalesce(excluded.idempotency_key, tool_effects.c.idempotency_key),
+                        'effect_summary': func.coalesce(excluded.effect_summary, tool_effects.c.effect_summary),
+                    },
+                )
             ),
-            allocate_snapshot=update(runs)
-            .where(runs.c.run_id == bindparam(RUN_KEY))
-            .values(last_snapshot_seq=runs.c.last_snapshot_seq + 1)
-            .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no),
-            insert_snapshot=snapshots.insert(),
-            advance_messages=update(runs)
-            .where(runs.c.id == bindparam('pk'))
-            .values(last_message_no=bindparam('last_no')),
-            snapshot_states=select(snapshots.c.seq, snapshots.c.state).where(snapshots.c.run_id == bindparam(RUN_KEY)),
+            claim_snapshot_key=Prepared(
+                _from_run(insert, snapshot_keys, ('run_id', 'idempotency_key')).on_conflict_do_nothing(
+                    index_elements=[snapshot_keys.c.run_id, snapshot_keys.c.idempotency_key]
+                )
+            ),
+            allocate_snapshot=Prepared(
+                update(runs)
+                .where(runs.c.run_id == bindparam(RUN_KEY))
+                .values(last_snapshot_seq=runs.c.last_snapshot_seq + 1)
+                .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no)
+            ),
+            insert_snapshot=Prepared(snapshots.insert()),
+            insert_messages=Prepared(messages.insert()),
+            advance_messages=Prepared(
+                update(runs).where(runs.c.id == bindparam('pk')).values(last_message_no=bindparam('last_no'))
+            ),
+            snapshot_states=Prepared(
+                select(snapshots.c.seq, snapshots.c.state).where(snapshots.c.run_id == bindparam(RUN_KEY))
+            ),
             prune_snapshots=delete(snapshots).where(
                 snapshots.c.run_id == bindparam(RUN_KEY), snapshots.c.seq.in_(bindparam('seqs', expanding=True))
             ),

@@ -44,7 +44,7 @@ class Writes:
         inserted = transaction.execute(self._statements.register_run, rows.run_values(record)).first()
         if inserted is None:
             raise ValueError(f'run {record.run_id!r} is already registered')
-        return int(inserted.id)
+        return int(inserted[0])
 
     def append_event(self, transaction: Transaction, event: StepEvent) -> None:
         written = transaction.execute(self._statements.append_event, rows.event_values(event)).rowcount

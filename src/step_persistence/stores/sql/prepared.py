@@ -1,0 +1,123 @@
+"""Statements that a SQLite store runs straight on its `sqlite3` connection.
+
+SQLAlchemy Core's execution path (compiled-cache lookup, execution context, parameter and result
+processing, event dispatch) costs several times what SQLite itself spends on a small `INSERT`.
+The statements a flush executes at every agent step are therefore declared as `Prepared`: a
+Core statement, built from the schema like every other, that the store compiles once per set of
+parameter names and then executes with the driver's own cursor, converting each value with the
+same bind processor Core would apply. Anywhere else (PostgreSQL, an application's engine or
+connection, a statement with options), the same Core statement runs through Core.
+
+A statement qualifies for the driver only if its compiled form is positional, expands no
+parameter lists, and returns no column whose type converts values on the way out; otherwise it
+always runs through Core.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.engine import Dialect
+from sqlalchemy.sql import Executable
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.elements import ClauseElement
+
+__all__ = ['DriverResult', 'Prepared']
+
+_Processor = Any
+"""A bind processor: a callable converting one value for the driver, or `None`."""
+
+
+@dataclass(frozen=True, slots=True)
+class _DriverStatement:
+    sql: str
+    names: tuple[str, ...]
+    """Per positional parameter, the key of its value in the caller's parameters."""
+    processors: tuple[_Processor, ...]
+    constants: Mapping[str, Any]
+    """Values of the statement's own bound constants (the `1` of `seq + 1`), by parameter name."""
+
+    def values(self, parameters: Mapping[str, Any]) -> tuple[Any, ...]:
+        if self.constants:
+            parameters = {**self.constants, **parameters}
+        return tuple(
+            parameters[name] if process is None else process(parameters[name])
+            for name, process in zip(self.names, self.processors, strict=True)
+        )
+
+
+class Prepared:
+    """A Core statement that may also run directly on a `sqlite3` connection (see the module docstring)."""
+
+    __slots__ = ('_compiled', 'statement')
+
+    def __init__(self, statement: Executable) -> None:
+        self.statement = statement
+        self._compiled: dict[tuple[Dialect, tuple[str, ...]], _DriverStatement | None] = {}
+
+    def run(self, connection: sqlite3.Connection, dialect: Dialect, parameters: Any) -> DriverResult | None:
+        """Execute on `connection` (`parameters`: a dict, or a list of dicts for many rows); `None` if the
+        statement does not qualify, and nothing was executed."""
+        many = isinstance(parameters, list)
+        if many and not parameters:
+            return None
+        first: Mapping[str, Any] = parameters[0] if many else (parameters or {})
+        key = (dialect, tuple(first))
+        try:
+            compiled = self._compiled[key]
+        except KeyError:
+            compiled = self._compiled[key] = _compile(self.statement, dialect, key[1])
+        if compiled is None:
+            return None
+        if many:
+            cursor = connection.executemany(compiled.sql, [compiled.values(each) for each in parameters])
+        else:
+            cursor = connection.execute(compiled.sql, compiled.values(first))
+        return DriverResult(cursor)
+
+
+def _compile(statement: Executable, dialect: Dialect, names: Sequence[str]) -> _DriverStatement | None:
+    if not isinstance(statement, ClauseElement):
+        return None
+    compiled = statement.compile(dialect=dialect, column_keys=list(names))
+    if not isinstance(compiled, SQLCompiler) or compiled.positiontup is None:
+        return None
+    binds = compiled.binds
+    if any(bind.expanding or bind.literal_execute for bind in binds.values()):
+        return None
+    returned = getattr(statement, 'exported_columns', ())
+    if any(column.type.dialect_impl(dialect).result_processor(dialect, None) is not None for column in returned):
+        return None
+    ordered = tuple(compiled.positiontup)
+    constants = {name: binds[name].value for name in ordered if name not in names}
+    if any(binds[name].callable is not None or binds[name].required for name in constants):
+        return None
+    processors = tuple(binds[name].type.dialect_impl(dialect).bind_processor(dialect) for name in ordered)
+    return _DriverStatement(compiled.string, ordered, processors, constants)
+
+
+class DriverResult:
+    """The part of a `CursorResult` the store uses, over a `sqlite3` cursor."""
+
+    __slots__ = ('_cursor',)
+
+    def __init__(self, cursor: sqlite3.Cursor) -> None:
+        self._cursor = cursor
+
+    @property
+    def rowcount(self) -> int:
+        return self._cursor.rowcount
+
+    def first(self) -> tuple[Any, ...] | None:
+        row: tuple[Any, ...] | None = self._cursor.fetchone()
+        self._cursor.close()
+        return row
+
+    def all(self) -> list[tuple[Any, ...]]:
+        return self._cursor.fetchall()
+
+    def __iter__(self) -> Iterator[tuple[Any, ...]]:
+        return iter(self._cursor)

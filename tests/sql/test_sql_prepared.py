@@ -1,0 +1,159 @@
+"""SQLite runs the statements of a flush straight on its `sqlite3` connection, and stores what Core would.
+
+`stores/sql/prepared.py` executes the hot write statements with the driver's cursor instead of
+SQLAlchemy Core's execution path. These tests pin both halves of that promise: on a store's own
+SQLite engine a step's writes reach the database without Core executing anything but `BEGIN`,
+and the rows they leave are byte for byte the rows the same writes leave through Core (an
+application's aiosqlite engine, where statements always go through Core).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from step_persistence import ContinuableSnapshot, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
+from step_persistence.protocol import StepStore
+from step_persistence.records import StepWrites
+from step_persistence.testing.conformance import T0
+
+pytestmark = pytest.mark.anyio
+
+TABLES = ('runs', 'events', 'tool_effects', 'snapshot_keys', 'snapshots', 'messages', 'media')
+
+
+class CoreStatements:
+    """The statements SQLAlchemy Core sends to any synchronous engine's cursor while counting."""
+
+    def __init__(self) -> None:
+        self.sent: list[str] = []
+
+    def __call__(self, connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        self.sent.append(statement.split()[0].upper() + (' IMMEDIATE' if 'IMMEDIATE' in statement else ''))
+
+
+@pytest.fixture
+def core_statements() -> Iterator[CoreStatements]:
+    counter = CoreStatements()
+    event.listen(Engine, 'before_cursor_execute', counter)
+    yield counter
+    event.remove(Engine, 'before_cursor_execute', counter)
+
+
+def history(step: int) -> list[ModelMessage]:
+    messages: list[ModelMessage] = [ModelRequest(parts=[UserPromptPart(content='start', timestamp=T0)])]
+    for number in range(step):
+        messages.append(ModelResponse(parts=[TextPart(content=f'answer {number}')], timestamp=T0))
+        messages.append(ModelRequest(parts=[UserPromptPart(content=f'more {number}', timestamp=T0)]))
+    return messages
+
+
+def step_writes(step: int, *, repeated_event: bool = True) -> StepWrites:
+    """What a flush writes at one step: a ledger record, events (one repeated, unless not
+    `repeated_event`), a snapshot."""
+    status = 'started' if step % 2 else 'completed'
+    return StepWrites(
+        tool_effects=[
+            ToolEffectRecord(
+                run_id='r',
+                tool_call_id=f'call-{step // 2}',
+                tool_name='lookup',
+                status=status,
+                started_at=T0,
+                ended_at=None if status == 'started' else T0 + timedelta(seconds=step),
+                effect_summary='charged' if step == 1 else None,
+            )
+        ],
+        events=[
+            StepEvent(
+                run_id='r', kind='model_request_started', step_index=step, timestamp=T0, idempotency_key=f'e{step}'
+            ),
+            *(
+                [StepEvent(run_id='r', kind='model_request_started', step_index=step, idempotency_key=f'e{step}')]
+                if repeated_event
+                else []
+            ),
+            StepEvent(
+                run_id='r', kind='tool_call_started', step_index=step, timestamp=T0, metadata={'step': str(step)}
+            ),
+        ],
+        snapshots=[
+            ContinuableSnapshot(
+                run_id='r', step_index=step, timestamp=T0, messages=history(step), idempotency_key=f's{step}'
+            )
+        ],
+    )
+
+
+async def write_run(store: StepStore) -> None:
+    await store.register_run(RunRecord(run_id='r', conversation_id='c', started_at=T0, metadata={'team': 'x'}))
+    for step in range(6):
+        await store.write_batch(step_writes(step))  # type: ignore[attr-defined]
+    payload = BinaryContent(data=b'\x89PNG' + bytes(range(256)) * 8, media_type='image/png')
+    media = ModelRequest(parts=[UserPromptPart(content=['look', payload], timestamp=T0)])
+    await store.save_snapshot(
+        ContinuableSnapshot(run_id='r', step_index=9, timestamp=T0, messages=[*history(5), media], idempotency_key='s9')
+    )
+
+
+def table_rows(path: Path) -> dict[str, list[dict[str, Any]]]:
+    """Every row of the store's tables, but the media table's clock columns (set when a blob is written)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    with sqlite3.connect(path) as connection:
+        for table in TABLES:
+            cursor = connection.execute(f'SELECT * FROM {table} ORDER BY 1, 2')
+            names = [column[0] for column in cursor.description]
+            rows = [dict(zip(names, row, strict=True)) for row in cursor]
+            clock = {'created_at', 'touched_at'} if table == 'media' else set[str]()
+            found[table] = [{name: value for name, value in row.items() if name not in clock} for row in rows]
+    return found
+
+
+async def test_a_flush_reaches_sqlite_without_core(tmp_path: Path, core_statements: CoreStatements) -> None:
+    async with SqliteStepStore(tmp_path / 'runs.db') as store:
+        await store.register_run(RunRecord(run_id='r'))
+        await store.write_batch(step_writes(0))
+        core_statements.sent.clear()
+        await store.write_batch(step_writes(1, repeated_event=False))
+    assert core_statements.sent == ['BEGIN IMMEDIATE']
+
+
+async def test_a_caller_sqlite3_connection_runs_the_flush_on_itself(tmp_path: Path) -> None:
+    connection = sqlite3.connect(tmp_path / 'app.db', check_same_thread=False)
+    traced: list[str] = []
+    async with SqliteStepStore(connection=connection) as store:
+        await store.register_run(RunRecord(run_id='r'))
+        await store.write_batch(step_writes(0))
+        connection.set_trace_callback(traced.append)
+        await store.write_batch(step_writes(1, repeated_event=False))
+        connection.set_trace_callback(None)
+    connection.close()
+    tables = [
+        statement.split()[1 if statement.startswith('UPDATE') else 2]
+        for statement in traced
+        if statement.startswith(('INSERT INTO', 'UPDATE'))
+    ]
+    assert list(dict.fromkeys(tables)) == ['tool_effects', 'events', 'snapshot_keys', 'runs', 'messages', 'snapshots']
+
+
+async def test_the_driver_path_stores_what_core_stores(tmp_path: Path) -> None:
+    max_snapshots = 2
+    driver_path, core_path = tmp_path / 'driver.db', tmp_path / 'core.db'
+    async with SqliteStepStore(driver_path, max_snapshots_per_run=max_snapshots) as store:
+        await write_run(store)
+    engine = create_async_engine(f'sqlite+aiosqlite:///{core_path}')
+    async with SqliteStepStore(engine, max_snapshots_per_run=max_snapshots) as store:
+        await write_run(store)
+    await engine.dispose()
+    driver_rows, core_rows = table_rows(driver_path), table_rows(core_path)
+    assert all(driver_rows[table] for table in TABLES)
+    assert driver_rows == core_rows
