@@ -128,7 +128,7 @@ class Database:
                 resolved.database or ':memory:',
                 busy_timeout=busy_timeout,
                 synchronous=check_synchronous(synchronous),
-                pool_size=SQLITE_THREADS,
+                pool_size=SQLITE_THREADS + 1,
             )
             executor = ThreadExecutor(engine, threads=SQLITE_THREADS)
         return cls(

@@ -55,7 +55,7 @@ def postgres_engine(url: URL) -> AsyncEngine:
 def sqlite_engine(database: str, *, busy_timeout: float, synchronous: SqliteSynchronous, pool_size: int) -> Engine:
     """An engine on a SQLite file (WAL journal, foreign keys, `synchronous`), or on `':memory:'`.
 
-    A file gets a pool of `pool_size` connections, shared by the store's worker threads; an
+    A file gets a pool of `pool_size` connections, shared by the store's writer and worker threads; an
     in-memory database is one connection (`StaticPool`), since each connection would be a
     database of its own.
     """

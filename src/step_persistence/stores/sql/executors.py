@@ -4,11 +4,13 @@ Every operation of the SQL stores is written once, as a function of a `Transacti
 synchronous SQLAlchemy `Connection` inside a transaction). An executor runs it:
 
 - `ThreadExecutor` (SQLite, on a synchronous engine): the whole transaction (pool checkout,
-  `BEGIN [IMMEDIATE]`, every statement, `COMMIT`, check-in) runs in one call to a worker thread
-  taken from the executor's own `CapacityLimiter`, so an operation costs the event loop one
-  wake-up, and media stores or other stores using threads cannot starve it of threads. Writers
-  of one process queue on an asyncio lock (SQLite admits one writer at a time) rather than in
-  SQLite's busy handler; a database with a single connection serializes every operation.
+  `BEGIN [IMMEDIATE]`, every statement, `COMMIT`, check-in) runs in one call to another thread,
+  so an operation costs the event loop one wake-up. Writes go to the engine's writer thread
+  (`sqlite_writer.py`: SQLite admits one writer at a time, so the process's writes queue there,
+  and those queued together share a transaction) rather than into SQLite's busy handler; reads
+  run on worker threads from the executor's own `CapacityLimiter`, so media stores or other
+  stores using threads cannot starve it. A database with a single connection (`:memory:`, a
+  caller's `sqlite3` connection) runs every operation on the writer thread.
 - `AsyncExecutor` (PostgreSQL through asyncpg, and any application's `AsyncEngine` or
   `AsyncConnection`): the function runs through `AsyncConnection.run_sync`, inside a transaction
   the executor begins and commits on a pooled connection, or inside the caller's transaction on
@@ -24,6 +26,7 @@ import contextlib
 import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
@@ -34,6 +37,7 @@ from sqlalchemy.sql import Executable
 
 from step_persistence.stores.sql.engines import WRITE_OPTION
 from step_persistence.stores.sql.prepared import Prepared
+from step_persistence.stores.sql.sqlite_writer import SqliteWriter
 
 __all__ = ['AsyncExecutor', 'Executor', 'ThreadExecutor', 'Transaction']
 
@@ -81,33 +85,34 @@ class Executor(Protocol):
 
 
 class ThreadExecutor:
-    """Whole transactions on a synchronous SQLite engine, one worker-thread call each."""
+    """Whole transactions on a synchronous SQLite engine: writes on its writer thread, reads on worker threads."""
 
     def __init__(self, engine: Engine, *, threads: int) -> None:
         self._engine = engine
-        self._write_engine = engine.execution_options(**{WRITE_OPTION: True})
+        self._writer = SqliteWriter(engine, engine.execution_options(**{WRITE_OPTION: True}))
         self._threads = anyio.CapacityLimiter(threads)
-        single_connection = isinstance(engine.pool, StaticPool)
-        self._serial = asyncio.Lock() if single_connection else None
-        """Held for every operation when there is only one connection to share."""
-        self._writer = asyncio.Lock()
-        """This process's writers queue here rather than in SQLite's busy handler."""
+        self._single_connection = isinstance(engine.pool, StaticPool)
+        """With one connection to share, reads go through the writer thread too."""
 
     async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
-        lock = self._serial or (self._writer if write else None)
-        engine = self._write_engine if write else self._engine
-        async with lock or contextlib.nullcontext():
-            return await anyio.to_thread.run_sync(_in_transaction, engine, operation, options, limiter=self._threads)
+        if write or self._single_connection:
+            return await self._writer.run(partial(_with_transaction, operation, options), write=write)
+        return await anyio.to_thread.run_sync(_in_transaction, self._engine, operation, options, limiter=self._threads)
 
     async def dispose(self) -> None:
+        await anyio.to_thread.run_sync(self._writer.stop, limiter=self._threads)
         await anyio.to_thread.run_sync(self._engine.dispose, limiter=self._threads)
+
+
+def _with_transaction(operation: Operation[T], options: Mapping[str, Any], connection: Connection) -> T:
+    """`operation` on `connection`, already in its transaction; `Prepared` statements on the driver where they may."""
+    direct = not options and connection.dialect.name == 'sqlite'
+    return operation(Transaction(connection, options, connection.connection.driver_connection if direct else None))
 
 
 def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[str, Any]) -> T:
     with engine.connect() as connection, connection.begin():
-        direct = not options and connection.dialect.name == 'sqlite'
-        driver = connection.connection.driver_connection if direct else None
-        return operation(Transaction(connection, options, driver))
+        return _with_transaction(operation, options, connection)
 
 
 class AsyncExecutor:
