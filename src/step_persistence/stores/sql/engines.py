@@ -97,10 +97,11 @@ def _begin_explicitly(engine: Engine) -> None:
 
     @event.listens_for(engine, 'begin')
     def begin(connection: Connection) -> None:
-        if connection.connection.driver_connection.in_transaction:  # type: ignore[union-attr]
+        driver: Any = connection.connection.driver_connection
+        if driver.in_transaction:
             return
         write = bool(connection.get_execution_options().get(WRITE_OPTION))
-        connection.exec_driver_sql('BEGIN IMMEDIATE' if write else 'BEGIN')
+        driver.execute('BEGIN IMMEDIATE' if write else 'BEGIN')
 
 
 class _BorrowedSqlite3:

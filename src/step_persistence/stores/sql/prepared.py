@@ -15,8 +15,9 @@ always runs through Core.
 
 from __future__ import annotations
 
+import operator
 import sqlite3
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,26 +28,25 @@ from sqlalchemy.sql.elements import ClauseElement
 
 __all__ = ['DriverResult', 'Prepared']
 
-_Processor = Any
-"""A bind processor: a callable converting one value for the driver, or `None`."""
-
 
 @dataclass(frozen=True, slots=True)
 class _DriverStatement:
     sql: str
-    names: tuple[str, ...]
-    """Per positional parameter, the key of its value in the caller's parameters."""
-    processors: tuple[_Processor, ...]
+    pick: Callable[[Mapping[str, Any]], tuple[Any, ...]]
+    """The positional values, in order, from the caller's parameters (and `constants`)."""
+    processed: tuple[tuple[int, Callable[[Any], Any]], ...]
+    """The positions whose values a bind processor converts, with that processor."""
     constants: Mapping[str, Any]
     """Values of the statement's own bound constants (the `1` of `seq + 1`), by parameter name."""
 
-    def values(self, parameters: Mapping[str, Any]) -> tuple[Any, ...]:
-        if self.constants:
-            parameters = {**self.constants, **parameters}
-        return tuple(
-            parameters[name] if process is None else process(parameters[name])
-            for name, process in zip(self.names, self.processors, strict=True)
-        )
+    def values(self, parameters: Mapping[str, Any]) -> Sequence[Any]:
+        picked = self.pick({**self.constants, **parameters} if self.constants else parameters)
+        if not self.processed:
+            return picked
+        converted = list(picked)
+        for position, process in self.processed:
+            converted[position] = process(converted[position])
+        return converted
 
 
 class Prepared:
@@ -95,8 +95,16 @@ def _compile(statement: Executable, dialect: Dialect, names: Sequence[str]) -> _
     constants = {name: binds[name].value for name in ordered if name not in names}
     if any(binds[name].callable is not None or binds[name].required for name in constants):
         return None
-    processors = tuple(binds[name].type.dialect_impl(dialect).bind_processor(dialect) for name in ordered)
-    return _DriverStatement(compiled.string, ordered, processors, constants)
+    processors = (binds[name].type.dialect_impl(dialect).bind_processor(dialect) for name in ordered)
+    processed = tuple((position, process) for position, process in enumerate(processors) if process is not None)
+    return _DriverStatement(compiled.string, _picker(ordered), processed, constants)
+
+
+def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, ...]]:
+    if len(names) == 1:
+        name = names[0]
+        return lambda parameters: (parameters[name],)
+    return operator.itemgetter(*names)
 
 
 class DriverResult:
