@@ -1,16 +1,16 @@
-"""SQLite runs the statements of a flush straight on its `sqlite3` connection, and stores what Core would.
+"""A store's own engine runs the statements of a flush straight on its DBAPI connection, storing what Core would.
 
-`stores/sql/prepared.py` executes the hot write statements with the driver's cursor instead of
-SQLAlchemy Core's execution path. These tests pin both halves of that promise: on a store's own
-SQLite engine a step's writes reach the database without Core executing any statement,
-and the rows they leave are byte for byte the rows the same writes leave through Core (an
-application's aiosqlite engine, where statements always go through Core).
+`stores/sql/prepared.py` executes the hot write statements with a DBAPI cursor instead of
+SQLAlchemy Core's execution path, on the engines a store builds itself (SQLite, PostgreSQL from
+a URL). These tests pin both halves of that promise: there, a step's writes reach the database
+without Core executing any statement, and the rows they leave are the rows the same writes
+leave through Core (on an application's engine, where statements always go through Core).
 """
 
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -18,10 +18,20 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 from sqlalchemy import event
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from step_persistence import ContinuableSnapshot, RunRecord, SqliteStepStore, StepEvent, ToolEffectRecord
+from servers.postgres import PostgresServer
+from sql.databases import EmptyDatabase
+from step_persistence import (
+    ContinuableSnapshot,
+    PostgresStepStore,
+    RunRecord,
+    SqliteStepStore,
+    SqlStepStore,
+    StepEvent,
+    ToolEffectRecord,
+)
 from step_persistence.protocol import StepStore
 from step_persistence.records import StepWrites
 from step_persistence.testing.conformance import T0
@@ -105,16 +115,18 @@ async def write_run(store: StepStore) -> None:
     )
 
 
-def table_rows(path: Path) -> dict[str, list[dict[str, Any]]]:
+async def table_rows(url: str) -> dict[str, list[dict[str, Any]]]:
     """Every row of the store's tables, but the media table's clock columns (set when a blob is written)."""
     found: dict[str, list[dict[str, Any]]] = {}
-    with sqlite3.connect(path) as connection:
+    engine = create_async_engine(url)
+    async with engine.connect() as connection:
         for table in TABLES:
-            cursor = connection.execute(f'SELECT * FROM {table} ORDER BY 1, 2')
-            names = [column[0] for column in cursor.description]
-            rows = [dict(zip(names, row, strict=True)) for row in cursor]
+            result = await connection.exec_driver_sql(f'SELECT * FROM {table} ORDER BY 1, 2')
             clock = {'created_at', 'touched_at'} if table == 'media' else set[str]()
-            found[table] = [{name: value for name, value in row.items() if name not in clock} for row in rows]
+            found[table] = [
+                {name: value for name, value in row.items() if name not in clock} for row in result.mappings()
+            ]
+    await engine.dispose()
     return found
 
 
@@ -145,15 +157,45 @@ async def test_a_caller_sqlite3_connection_runs_the_flush_on_itself(tmp_path: Pa
     assert list(dict.fromkeys(tables)) == ['tool_effects', 'events', 'snapshot_keys', 'runs', 'messages', 'snapshots']
 
 
-async def test_the_driver_path_stores_what_core_stores(tmp_path: Path) -> None:
-    max_snapshots = 2
-    driver_path, core_path = tmp_path / 'driver.db', tmp_path / 'core.db'
-    async with SqliteStepStore(driver_path, max_snapshots_per_run=max_snapshots) as store:
+@pytest.fixture(params=['sqlite', 'postgresql'])
+async def two_databases(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[tuple[str, str]]:
+    """Two empty databases of one dialect, as async URLs."""
+    if request.param == 'sqlite':
+        yield f'sqlite+aiosqlite:///{tmp_path / "driver.db"}', f'sqlite+aiosqlite:///{tmp_path / "core.db"}'
+        return
+    server: PostgresServer = request.getfixturevalue('postgres_server')
+    names = [await server.create_database(), await server.create_database()]
+    yield server.url(names[0]), server.url(names[1])
+    for name in names:
+        await server.drop_database(name)
+
+
+def own_store(url: str) -> SqlStepStore:
+    """A store on an engine it builds itself, where the flush statements run on the DBAPI connection."""
+    if url.startswith('sqlite'):
+        return SqliteStepStore(make_url(url).database, max_snapshots_per_run=2)
+    return PostgresStepStore(url, max_snapshots_per_run=2)
+
+
+async def test_a_flush_reaches_postgres_without_core(
+    postgres_database: EmptyDatabase, core_statements: CoreStatements
+) -> None:
+    async with own_store(postgres_database.url) as store:
+        await store.register_run(RunRecord(run_id='r'))
+        await store.write_batch(step_writes(0))
+        core_statements.sent.clear()
+        await store.write_batch(step_writes(1, repeated_event=False))
+    assert core_statements.sent == []
+
+
+async def test_the_driver_path_stores_what_core_stores(two_databases: tuple[str, str]) -> None:
+    driver_url, core_url = two_databases
+    async with own_store(driver_url) as store:
         await write_run(store)
-    engine = create_async_engine(f'sqlite+aiosqlite:///{core_path}')
-    async with SqliteStepStore(engine, max_snapshots_per_run=max_snapshots) as store:
+    engine = create_async_engine(core_url)
+    async with SqlStepStore(engine, max_snapshots_per_run=2) as store:
         await write_run(store)
     await engine.dispose()
-    driver_rows, core_rows = table_rows(driver_path), table_rows(core_path)
+    driver_rows, core_rows = await table_rows(driver_url), await table_rows(core_url)
     assert all(driver_rows[table] for table in TABLES)
     assert driver_rows == core_rows

@@ -122,7 +122,7 @@ class Database:
         resolved = resolve_url(url)
         description = f'URL {redact(resolved)}'
         if resolved.get_backend_name() == 'postgresql':
-            executor: Executor = AsyncExecutor(postgres_engine(resolved))
+            executor: Executor = AsyncExecutor(postgres_engine(resolved), direct=True)
         else:
             engine = sqlite_engine(
                 resolved.database or ':memory:',

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sqlite3
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
@@ -51,8 +50,8 @@ class Transaction:
     connection: Connection
     options: Mapping[str, Any]
     """Execution options for each statement (a PostgreSQL schema's `schema_translate_map`)."""
-    driver: sqlite3.Connection | None = None
-    """The `sqlite3` connection under `connection`, when `Prepared` statements may run on it directly."""
+    driver: Any = None
+    """The DBAPI connection under `connection`, when `Prepared` statements may run on it directly."""
 
     def execute(self, statement: Executable | Prepared, parameters: Any = None) -> Any:
         """Run `statement` (with `parameters`: a dict, or a list of dicts for many rows); its result.
@@ -104,10 +103,13 @@ class ThreadExecutor:
         await anyio.to_thread.run_sync(self._engine.dispose, limiter=self._threads)
 
 
-def _with_transaction(operation: Operation[T], options: Mapping[str, Any], connection: Connection) -> T:
-    """`operation` on `connection`, already in its transaction; `Prepared` statements on the driver where they may."""
-    direct = not options and connection.dialect.name == 'sqlite'
-    return operation(Transaction(connection, options, connection.connection.driver_connection if direct else None))
+def _with_transaction(
+    operation: Operation[T], options: Mapping[str, Any], connection: Connection, *, direct: bool = True
+) -> T:
+    """`operation` on `connection`, already in its transaction; with `direct` (and no options), `Prepared`
+    statements run on the DBAPI connection."""
+    driver = connection.connection.dbapi_connection if direct and not options else None
+    return operation(Transaction(connection, options, driver))
 
 
 def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[str, Any]) -> T:
@@ -116,10 +118,15 @@ def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[st
 
 
 class AsyncExecutor:
-    """Transactions on an `AsyncEngine`, or statements in the transaction of a caller's `AsyncConnection`."""
+    """Transactions on an `AsyncEngine`, or statements in the transaction of a caller's `AsyncConnection`.
 
-    def __init__(self, bind: AsyncEngine | AsyncConnection) -> None:
+    `direct`: the store built the engine itself, so `Prepared` statements may run on its DBAPI
+    connections (an application's engine or connection keeps every statement in Core's sight).
+    """
+
+    def __init__(self, bind: AsyncEngine | AsyncConnection, *, direct: bool = False) -> None:
         self._bind = bind
+        self._direct = direct
         engine = bind if isinstance(bind, AsyncEngine) else None
         single_connection = engine is None or isinstance(engine.pool, StaticPool)
         self._serial = asyncio.Lock() if single_connection else None
@@ -129,7 +136,7 @@ class AsyncExecutor:
 
     async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
         def in_transaction(connection: Connection) -> T:
-            return operation(Transaction(connection, options))
+            return _with_transaction(operation, options, connection, direct=self._direct)
 
         writer = self._writer if write else None
         async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():

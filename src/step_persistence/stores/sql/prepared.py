@@ -1,12 +1,15 @@
-"""Statements that a SQLite store runs straight on its `sqlite3` connection.
+"""Statements that a store runs straight on its own engine's DBAPI connection (SQLite, asyncpg).
 
 SQLAlchemy Core's execution path (compiled-cache lookup, execution context, parameter and result
 processing, event dispatch) costs several times what SQLite itself spends on a small `INSERT`.
 The statements a flush executes at every agent step are therefore declared as `Prepared`: a
 Core statement, built from the schema like every other, that the store compiles once per set of
-parameter names and then executes with the driver's own cursor, converting each value with the
-same bind processor Core would apply. Anywhere else (PostgreSQL, an application's engine or
-connection, a statement with options), the same Core statement runs through Core.
+parameter names and then executes with a cursor of the DBAPI connection under the store's
+connection (`sqlite3`, or SQLAlchemy's adapted asyncpg connection inside `run_sync`),
+converting each value with the same bind processor Core would apply: the same SQL text, the
+same values, the same cursor call Core would end in. On an application's engine or connection,
+or with execution options (a PostgreSQL schema's `schema_translate_map`), the same Core
+statement runs through Core.
 
 A statement qualifies for the driver only if its compiled form is positional, expands no
 parameter lists, and returns no column whose type converts values on the way out; otherwise it
@@ -16,7 +19,6 @@ always runs through Core.
 from __future__ import annotations
 
 import operator
-import sqlite3
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,7 +52,7 @@ class _DriverStatement:
 
 
 class Prepared:
-    """A Core statement that may also run directly on a `sqlite3` connection (see the module docstring)."""
+    """A Core statement that may also run directly on a DBAPI connection (see the module docstring)."""
 
     __slots__ = ('_compiled', 'statement')
 
@@ -58,9 +60,9 @@ class Prepared:
         self.statement = statement
         self._compiled: dict[tuple[Dialect, tuple[str, ...]], _DriverStatement | None] = {}
 
-    def run(self, connection: sqlite3.Connection, dialect: Dialect, parameters: Any) -> DriverResult | None:
-        """Execute on `connection` (`parameters`: a dict, or a list of dicts for many rows); `None` if the
-        statement does not qualify, and nothing was executed."""
+    def run(self, connection: Any, dialect: Dialect, parameters: Any) -> DriverResult | None:
+        """Execute on the DBAPI `connection` (`parameters`: a dict, or a list of dicts for many rows);
+        `None` if the statement does not qualify, and nothing was executed."""
         many = isinstance(parameters, list)
         if many and not parameters:
             return None
@@ -72,10 +74,11 @@ class Prepared:
             compiled = self._compiled[key] = _compile(self.statement, dialect, key[1])
         if compiled is None:
             return None
+        cursor = connection.cursor()
         if many:
-            cursor = connection.executemany(compiled.sql, [compiled.values(each) for each in parameters])
+            cursor.executemany(compiled.sql, [compiled.values(each) for each in parameters])
         else:
-            cursor = connection.execute(compiled.sql, compiled.values(first))
+            cursor.execute(compiled.sql, compiled.values(first))
         return DriverResult(cursor)
 
 
@@ -108,16 +111,16 @@ def _picker(names: tuple[str, ...]) -> Callable[[Mapping[str, Any]], tuple[Any, 
 
 
 class DriverResult:
-    """The part of a `CursorResult` the store uses, over a `sqlite3` cursor."""
+    """The part of a `CursorResult` the store uses, over a DBAPI cursor."""
 
     __slots__ = ('_cursor',)
 
-    def __init__(self, cursor: sqlite3.Cursor) -> None:
+    def __init__(self, cursor: Any) -> None:
         self._cursor = cursor
 
     @property
     def rowcount(self) -> int:
-        return self._cursor.rowcount
+        return int(self._cursor.rowcount)
 
     def first(self) -> tuple[Any, ...] | None:
         row: tuple[Any, ...] | None = self._cursor.fetchone()
@@ -125,7 +128,9 @@ class DriverResult:
         return row
 
     def all(self) -> list[tuple[Any, ...]]:
-        return self._cursor.fetchall()
+        rows: list[tuple[Any, ...]] = self._cursor.fetchall()
+        self._cursor.close()
+        return rows
 
     def __iter__(self) -> Iterator[tuple[Any, ...]]:
-        return iter(self._cursor)
+        return iter(self.all())
