@@ -19,7 +19,7 @@ from step_persistence.records import (
 if TYPE_CHECKING:
     from step_persistence.collection import MediaCollection
 
-__all__ = ['BatchingStepStore', 'StepStore', 'batch_writer', 'write_steps']
+__all__ = ['BatchingStepStore', 'StepStore', 'batch_writer', 'write_each', 'write_steps']
 
 
 @runtime_checkable
@@ -169,6 +169,11 @@ async def write_steps(
     if write_batch is not None:
         await write_batch(writes)
         return
+    await write_each(store, writes)
+
+
+async def write_each(store: StepStore, writes: StepWrites) -> None:
+    """Apply `writes` with one store call per write, in `StepWrites` order."""
     for effect in writes.tool_effects:
         await store.record_tool_effect(effect)
     for event in writes.events:

@@ -26,7 +26,6 @@ from step_persistence.media.uri import check_digest, media_uri_for, parse_media_
 from step_persistence.stores.sql.blobs import BlobWriter, blob_row
 from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database
 from step_persistence.stores.sql.executors import Transaction
-from step_persistence.stores.sql.migrate import upgrade
 from step_persistence.stores.sql.schema import media
 
 __all__ = ['PostgresMediaStore', 'SqlMediaStore', 'SqliteMediaStore']
@@ -80,12 +79,10 @@ class SqlMediaStore:
 
     async def migrate(self) -> None:
         """Create or upgrade the schema to the newest revision (what `auto_migrate` does on first use)."""
-        await upgrade(self._db)
-        self._db.schema_upgraded()
+        await self._db.migrate()
 
     async def _ready(self) -> None:
-        if self._auto_migrate:
-            await self._db.ensure_schema(upgrade)
+        await self._db.ready(auto_migrate=self._auto_migrate)
 
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
         uri = media_uri_for(data)

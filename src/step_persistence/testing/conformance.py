@@ -503,6 +503,7 @@ class StepStoreConformance:
                     StepEvent(run_id='batch', kind='run_failed', step_index=9, idempotency_key='seen'),
                     StepEvent(run_id='batch', kind='tool_call_started', step_index=1, tool_call_id='fresh'),
                     StepEvent(run_id='batch', kind='tool_call_failed', step_index=1, idempotency_key='new'),
+                    StepEvent(run_id='batch', kind='run_failed', step_index=1, idempotency_key='new'),
                 ],
                 snapshots=[_snapshot('batch', 1, key='snap'), _snapshot('batch', 3, state='interrupted')],
             ),
@@ -519,6 +520,23 @@ class StepStoreConformance:
             'tool_call_failed',
         ]
         assert [s.step_index for s in await store.list_snapshots(run_id='batch', include_interrupted=True)] == [1, 3]
+
+    async def test_a_batch_may_span_runs(self, store: StepStore) -> None:
+        for run_id in ('left', 'right'):
+            await self._register(store, run_id)
+        await write_steps(
+            store,
+            StepWrites(
+                tool_effects=[_effect('left', 'a'), _effect('right', 'b', 'completed')],
+                events=[StepEvent(run_id=run_id, kind='run_started', step_index=0) for run_id in ('right', 'left')],
+                snapshots=[_snapshot('left', 1), _snapshot('right', 2)],
+            ),
+        )
+        for run_id, call_id, step in (('left', 'a', 1), ('right', 'b', 2)):
+            assert [effect.tool_call_id for effect in await store.list_tool_effects(run_id=run_id)] == [call_id]
+            assert [event.kind for event in await store.list_events(run_id=run_id)] == ['run_started']
+            latest = await store.latest_snapshot(run_id=run_id)
+            assert latest is not None and latest.step_index == step
 
     async def test_a_batch_for_an_unregistered_run_writes_nothing(self, store: StepStore) -> None:
         with pytest.raises(LookupError):

@@ -8,7 +8,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta
 from functools import partial
@@ -25,11 +25,13 @@ from step_persistence._reading import read_or_skip
 from step_persistence.collection import MediaCollection
 from step_persistence.media.disk import DiskMediaStore
 from step_persistence.media.protocol import MediaStore
+from step_persistence.protocol import write_each
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
     RunStatus,
     StepEvent,
+    StepWrites,
     ToolEffectRecord,
     merge_tool_effect,
 )
@@ -290,13 +292,23 @@ class FileStepStore:
         await self._in_turn(event.run_id, partial(self._append_event, event))
 
     def _append_event(self, event: StepEvent) -> None:
-        line = event.model_dump_json().encode()
         with self._session(event.run_id, exclusive=True) as index:
-            journal = index.events
-            journal.catch_up(self._io)
-            if event.idempotency_key is not None and event.idempotency_key in journal.keys:
-                return
-            journal.append(self._io, [(line, event.idempotency_key)])
+            self._append_events(index, [event])
+
+    def _append_events(self, index: RunIndex, events: Sequence[StepEvent]) -> None:
+        """Append `events` in one write, but those whose idempotency key the run (or an earlier one of them) used."""
+        journal = index.events
+        journal.catch_up(self._io)
+        used = set(journal.keys)
+        lines: list[tuple[bytes, str | None]] = []
+        for event in events:
+            key = event.idempotency_key
+            if key is not None:
+                if key in used:
+                    continue
+                used.add(key)
+            lines.append((event.model_dump_json().encode(), key))
+        journal.append(self._io, lines)
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         """The run's events in append order; unreadable lines are skipped and logged."""
@@ -321,21 +333,24 @@ class FileStepStore:
         await self._in_turn(snapshot.run_id, partial(self._save_snapshot, snapshot))
 
     def _save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        with self._session(snapshot.run_id, exclusive=True) as index:
+            self._save_snapshot_in(index, snapshot)
+
+    def _save_snapshot_in(self, index: RunIndex, snapshot: ContinuableSnapshot) -> None:
         encoded = snapshot.encoded_messages()
         key = snapshot.idempotency_key
-        with self._session(snapshot.run_id, exclusive=True) as index:
-            journal = index.snapshots
-            journal.catch_up(self._io)
-            if key is not None and key in journal.keys:
-                return
-            index.messages.catch_up(self._io)
-            history = index.messages.store(self._io, encoded, self._pack)
-            seq = journal.next_seq
-            self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, history))
-            entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key)
-            journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq), entry)])
-            for pruned in journal.pruned:
-                index.paths.snapshot(pruned).unlink(missing_ok=True)
+        journal = index.snapshots
+        journal.catch_up(self._io)
+        if key is not None and key in journal.keys:
+            return
+        index.messages.catch_up(self._io)
+        history = index.messages.store(self._io, encoded, self._pack)
+        seq = journal.next_seq
+        self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, history))
+        entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key)
+        journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq), entry)])
+        for pruned in journal.pruned:
+            index.paths.snapshot(pruned).unlink(missing_ok=True)
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest readable matching snapshot; unreadable newer ones are skipped and logged."""
@@ -388,10 +403,44 @@ class FileStepStore:
 
     def _record_tool_effect(self, record: ToolEffectRecord) -> None:
         with self._session(record.run_id, exclusive=True) as index:
-            journal = index.effects
-            journal.catch_up(self._io)
-            merged = merge_tool_effect(journal.records.get(record.tool_call_id), record)
-            journal.append(self._io, [(merged.model_dump_json().encode(), merged)])
+            self._record_tool_effects(index, [record])
+
+    def _record_tool_effects(self, index: RunIndex, records: Sequence[ToolEffectRecord]) -> None:
+        """Upsert `records` in order, appending the merged records in one write."""
+        journal = index.effects
+        journal.catch_up(self._io)
+        merged: dict[str, ToolEffectRecord] = {}
+        lines: list[tuple[bytes, ToolEffectRecord]] = []
+        for record in records:
+            call_id = record.tool_call_id
+            upserted = merge_tool_effect(merged.get(call_id) or journal.records.get(call_id), record)
+            merged[call_id] = upserted
+            lines.append((upserted.model_dump_json().encode(), upserted))
+        journal.append(self._io, lines)
+
+    # --- batches ---
+
+    async def write_batch(self, writes: StepWrites) -> None:
+        """Apply `writes` as the individual calls in their order would (tool effects, events, snapshots).
+
+        The writes of one run take one turn and one lock, and each journal gets them in one append
+        (one fsync). Not atomic: a crash keeps the writes that landed before it, in that order.
+        Writes to several runs are applied call by call.
+        """
+        run_ids = {effect.run_id for effect in writes.tool_effects} | {event.run_id for event in writes.events}
+        run_ids |= {snapshot.run_id for snapshot in writes.snapshots}
+        if len(run_ids) != 1:
+            await write_each(self, writes)
+            return
+        (run_id,) = run_ids
+        await self._in_turn(run_id, partial(self._write_batch, run_id, writes))
+
+    def _write_batch(self, run_id: str, writes: StepWrites) -> None:
+        with self._session(run_id, exclusive=True) as index:
+            self._record_tool_effects(index, writes.tool_effects)
+            self._append_events(index, writes.events)
+            for snapshot in writes.snapshots:
+                self._save_snapshot_in(index, snapshot)
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         records = await self._in_turn(run_id, partial(self._tool_effects, run_id))

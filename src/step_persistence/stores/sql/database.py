@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -235,21 +235,22 @@ class Database:
                 ) from error
             raise
 
-    async def ensure_schema(self, upgrade: Callable[[Database], Awaitable[None]]) -> None:
-        """Run `upgrade` unless the schema is known to be up to date; concurrent callers wait for one run.
+    async def migrate(self) -> None:
+        """Create or upgrade the schema to the newest revision, and remember that it is up to date."""
+        from step_persistence.stores.sql.migrate import upgrade  # Alembic is imported only to migrate
 
-        Stores sharing this database (a step store and its media store) share this knowledge.
-        """
-        if self._schema_ready:
+        await upgrade(self)
+        self._schema_ready = True
+
+    async def ready(self, *, auto_migrate: bool) -> None:
+        """With `auto_migrate`, migrate unless the schema is known to be up to date; concurrent callers
+        wait for one migration. Stores sharing this database (a step store and its media store) share
+        this knowledge."""
+        if not auto_migrate or self._schema_ready:
             return
         async with self._schema_lock:
             if not self._schema_ready:
-                await upgrade(self)
-                self._schema_ready = True
-
-    def schema_upgraded(self) -> None:
-        """Record that the schema was just brought up to date (by an explicit migration)."""
-        self._schema_ready = True
+                await self.migrate()
 
     async def aclose(self) -> None:
         """Dispose of the engine if this database created it; borrowed engines and connections stay open."""

@@ -41,7 +41,6 @@ from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.histories import HistoryRows, NeedsPacking
-from step_persistence.stores.sql.migrate import upgrade
 from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
 from step_persistence.stores.sql.statements import WriteStatements
 from step_persistence.stores.sql.writes import Writes
@@ -128,12 +127,10 @@ class SqlStepStore:
 
     async def migrate(self) -> None:
         """Create or upgrade the schema to the newest revision (what `auto_migrate` does on first use)."""
-        await upgrade(self._db)
-        self._db.schema_upgraded()
+        await self._db.migrate()
 
     async def _ready(self) -> None:
-        if self._auto_migrate:
-            await self._db.ensure_schema(upgrade)
+        await self._db.ready(auto_migrate=self._auto_migrate)
 
     async def _read(self, statement: Any) -> list[Any]:
         """The rows of one query, read in a transaction of its own."""
