@@ -30,6 +30,7 @@ from typing import Any, Protocol, TypeVar
 
 import anyio.to_thread
 from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql import Executable
@@ -61,7 +62,14 @@ class Transaction:
         """
         if isinstance(statement, Prepared):
             if self.driver is not None:
-                result = statement.run(self.driver, self.connection.dialect, parameters)
+                dialect = self.connection.dialect
+                try:
+                    result = statement.run(self.driver, dialect, parameters)
+                except DBAPIError as error:
+                    orig: Any = error.orig
+                    if dialect.is_disconnect(orig, self.driver, None):
+                        self.connection.invalidate(error.orig)  # as Core does: the pool drops it
+                    raise
                 if result is not None:
                     return result
             statement = statement.statement

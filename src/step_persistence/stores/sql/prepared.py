@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy.engine import Dialect
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Executable
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ClauseElement
@@ -74,11 +75,17 @@ class Prepared:
             compiled = self._compiled[key] = _compile(self.statement, dialect, key[1])
         if compiled is None:
             return None
+        values = [compiled.values(each) for each in parameters] if many else compiled.values(first)
         cursor = connection.cursor()
-        if many:
-            cursor.executemany(compiled.sql, [compiled.values(each) for each in parameters])
-        else:
-            cursor.execute(compiled.sql, compiled.values(first))
+        dbapi_error: type[Exception] = dialect.loaded_dbapi.Error
+        try:
+            if many:
+                cursor.executemany(compiled.sql, values)
+            else:
+                cursor.execute(compiled.sql, values)
+        except dbapi_error as error:
+            # Raised as Core raises it, so callers handle one kind of error whichever path ran.
+            raise DBAPIError.instance(compiled.sql, values, error, dbapi_error, dialect=dialect) from error
         return DriverResult(cursor)
 
 
