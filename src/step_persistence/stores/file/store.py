@@ -36,6 +36,7 @@ from step_persistence.records import (
     merge_tool_effect,
 )
 from step_persistence.retention import validate_max_snapshots
+from step_persistence.stores._idempotency import first_per_key
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
 from step_persistence.stores._ordering import RunTurns
 from step_persistence.stores.file import collection as file_collection
@@ -299,16 +300,8 @@ class FileStepStore:
         """Append `events` in one write, but those whose idempotency key the run (or an earlier one of them) used."""
         journal = index.events
         journal.catch_up(self._io)
-        used = set(journal.keys)
-        lines: list[tuple[bytes, str | None]] = []
-        for event in events:
-            key = event.idempotency_key
-            if key is not None:
-                if key in used:
-                    continue
-                used.add(key)
-            lines.append((event.model_dump_json().encode(), key))
-        journal.append(self._io, lines)
+        fresh = (event for event in first_per_key(events) if event.idempotency_key not in journal.keys)
+        journal.append(self._io, [(event.model_dump_json().encode(), event.idempotency_key) for event in fresh])
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         """The run's events in append order; unreadable lines are skipped and logged."""

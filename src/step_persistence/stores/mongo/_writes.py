@@ -18,9 +18,8 @@ no-op), so unordered inserts cannot reorder which one lands.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, TypeVar
+from typing import Any, Final
 
 from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
@@ -28,6 +27,7 @@ from pymongo.errors import BulkWriteError
 
 from step_persistence.records import ContinuableSnapshot, StepEvent, StepWrites, ToolEffectRecord
 from step_persistence.retention import retained_seqs
+from step_persistence.stores._idempotency import first_per_key
 from step_persistence.stores.mongo._client import Database
 from step_persistence.stores.mongo._counters import Allocation, Counters
 from step_persistence.stores.mongo._documents import event_document, snapshot_document, tool_effect_update
@@ -45,8 +45,6 @@ _WIDEST_NUMBER: Final = 2**62
 
 _PRUNED: Final = {'$set': {'pruned': True}, '$unset': {'state': '', 'history_length': '', 'through_message': ''}}
 """Turns a pruned snapshot that has an idempotency key into a tombstone that keeps the key used."""
-
-_Keyed = TypeVar('_Keyed', StepEvent, ContinuableSnapshot)
 
 
 @dataclass
@@ -68,20 +66,6 @@ def by_run(writes: StepWrites) -> dict[str, RunWrites]:
     for snapshot in writes.snapshots:
         runs.setdefault(snapshot.run_id, RunWrites()).snapshots.append(snapshot)
     return runs
-
-
-def _first_per_key(records: Sequence[_Keyed]) -> list[_Keyed]:
-    """`records` without those whose idempotency key an earlier one of them already has."""
-    seen: set[str] = set()
-    kept: list[_Keyed] = []
-    for record in records:
-        key = record.idempotency_key
-        if key is not None:
-            if key in seen:
-                continue
-            seen.add(key)
-        kept.append(record)
-    return kept
 
 
 async def _insert_keyed(collection: AsyncCollection[dict[str, Any]], documents: list[dict[str, Any]]) -> int:
@@ -121,8 +105,8 @@ class RunWriter:
 
     async def apply(self, run_id: str, writes: RunWrites) -> None:
         """Apply `writes` with the effect of `record_tool_effect`*, `append_event`*, `save_snapshot`* in order."""
-        events = _first_per_key(writes.events)
-        snapshots = _first_per_key(writes.snapshots)
+        events = first_per_key(writes.events)
+        snapshots = first_per_key(writes.snapshots)
         effect_updates = [self._effect_update(record) for record in writes.tool_effects]
         for event in events:
             check_document_size(event_document(event, seq=_WIDEST_NUMBER), what='an event', run_id=run_id)
