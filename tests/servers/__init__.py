@@ -9,6 +9,7 @@ the reason shown. The opt-out is ignored when `CI` is set, so CI always runs aga
 from __future__ import annotations
 
 import os
+import random
 import socket
 import time
 from collections.abc import Callable
@@ -18,11 +19,22 @@ import pytest
 __all__ = ['free_port', 'skip_if_opted_out', 'wait_until']
 
 
+_SERVER_PORTS = range(20000, 32768)
+"""Where servers listen: below Linux's ephemeral range (32768-60999), from which the kernel picks
+the local port of every outgoing connection, so no client socket (of this test worker or another)
+can take a server's port between choosing it and the server binding it."""
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(('127.0.0.1', 0))
-        return int(sock.getsockname()[1])
+    """A TCP port on 127.0.0.1, outside the ephemeral range, that was free a moment ago."""
+    for port in random.sample(_SERVER_PORTS, 200):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(('127.0.0.1', port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f'no free port in {_SERVER_PORTS.start}-{_SERVER_PORTS.stop - 1} on 127.0.0.1')
 
 
 def skip_if_opted_out(server: str) -> None:

@@ -78,6 +78,9 @@ def _as_server_user(command: list[str]) -> list[str]:
     return ['runuser', '-u', 'postgres', '--', *command] if os.geteuid() == 0 else command
 
 
+_START_ATTEMPTS = 5
+
+
 @pytest.fixture(scope='session')
 def postgres_server() -> Iterator[PostgresServer]:
     """Start a cluster once per session; tests that need PostgreSQL fail if it cannot start."""
@@ -111,8 +114,17 @@ def postgres_server() -> Iterator[PostgresServer]:
             'UTF8',
             '--no-sync',
         )
-        options = f'-p {port} -c unix_socket_directories={root} {SERVER_OPTIONS}'
-        run(str(bin_dir / 'pg_ctl'), '-D', str(data), '-l', str(root / 'server.log'), '-o', options, '-w', 'start')
+        for attempt in range(_START_ATTEMPTS):
+            options = f'-p {port} -c unix_socket_directories={root} {SERVER_OPTIONS}'
+            log = root / 'server.log'
+            log.unlink(missing_ok=True)
+            try:
+                run(str(bin_dir / 'pg_ctl'), '-D', str(data), '-l', str(log), '-o', options, '-w', 'start')
+                break
+            except RuntimeError as error:
+                if 'Address already in use' not in str(error) or attempt == _START_ATTEMPTS - 1:
+                    raise
+                port = free_port()  # taken between choosing it and binding it: choose again
         try:
             yield PostgresServer(port=port)
         finally:
