@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, Literal, TypeVar
@@ -109,6 +110,17 @@ class _RunState:
 
 
 _T = TypeVar('_T')
+_F = TypeVar('_F', bound=Callable[..., Any])
+
+
+def _signature_computed_once(function: _F) -> _F:
+    """`function` with its `inspect.Signature` stored as `__signature__`, where `inspect.signature` looks first.
+
+    `durable_operation` binds every call's arguments with `inspect.signature(...)`, which would
+    otherwise rebuild the signature at each of the two flushes of every step.
+    """
+    function.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
+    return function
 
 
 async def _uncancellable(awaitable: Awaitable[_T]) -> _T:
@@ -242,10 +254,12 @@ class StepPersistence(AbstractCapability[Any]):
     # --- durable store writes ---
 
     @durable_operation(name='register_run')
+    @_signature_computed_once
     async def _persist_run(self, ctx: RunContext[Any], record: RunRecord) -> None:
         await register_run_once(self.store, record)
 
     @durable_operation(name='write_steps')
+    @_signature_computed_once
     async def _persist_writes(self, ctx: RunContext[Any], writes: StepWrites) -> None:
         await write_steps(self.store, writes, write_batch=self._run.write_batch)
 
