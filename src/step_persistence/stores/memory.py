@@ -12,6 +12,7 @@ from typing import Self
 from step_persistence import lifecycle
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence.collection import MediaCollection, validate_grace
+from step_persistence.protocol import write_each
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
@@ -157,12 +158,7 @@ class InMemoryStepStore:
         return sorted(data.effects.values(), key=lambda record: (record.started_at, record.tool_call_id))
 
     async def write_batch(self, writes: StepWrites) -> None:
-        for effect in writes.tool_effects:
-            await self.record_tool_effect(effect)
-        for event in writes.events:
-            await self.append_event(event)
-        for snapshot in writes.snapshots:
-            await self.save_snapshot(snapshot)
+        await write_each(self, writes)
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
         if cascade:
