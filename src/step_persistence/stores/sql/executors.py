@@ -68,7 +68,7 @@ class Transaction:
                 except DBAPIError as error:
                     orig: Any = error.orig
                     if dialect.is_disconnect(orig, self.driver, None):
-                        self.connection.invalidate(error.orig)  # as Core does: the pool drops it
+                        self.connection.invalidate(orig)  # as Core does: the pool drops it
                     raise
                 if result is not None:
                     return result
