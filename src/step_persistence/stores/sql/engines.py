@@ -11,14 +11,17 @@ plain `BEGIN` (one consistent view per read).
 from __future__ import annotations
 
 import sqlite3
+import time
 from typing import Any, Literal
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool, StaticPool
 
 __all__ = [
+    'PING_AFTER_IDLE_SECONDS',
     'WRITE_OPTION',
     'SqliteSynchronous',
     'check_synchronous',
@@ -47,9 +50,40 @@ def check_synchronous(synchronous: str) -> SqliteSynchronous:
     return synchronous  # type: ignore[return-value]
 
 
+PING_AFTER_IDLE_SECONDS = 10.0
+"""A pooled PostgreSQL connection idle longer than this is pinged before it is handed out again."""
+
+_IDLE_SINCE = 'step_persistence_idle_since'
+
+
 def postgres_engine(url: URL) -> AsyncEngine:
-    """A pooled asyncpg engine that checks connections before handing them out."""
-    return create_async_engine(url, pool_pre_ping=True)
+    """A pooled asyncpg engine that hands out only live connections, without a round trip on a busy one.
+
+    A connection the server closed (a restart, `pg_terminate_backend`) is replaced at checkout: the
+    driver already saw the socket close. One that sat idle for more than `PING_AFTER_IDLE_SECONDS`
+    is pinged first, since a connection dropped without a word (a firewall's idle timeout) looks
+    open until used. `pool_pre_ping` would add that round trip to every operation.
+    """
+    engine = create_async_engine(url)
+    event.listen(engine.sync_engine.pool, 'checkin', _note_idle_since)
+    event.listen(engine.sync_engine.pool, 'checkout', _refuse_dead_connection)
+    return engine
+
+
+def _note_idle_since(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+    record.info[_IDLE_SINCE] = time.monotonic()
+
+
+def _refuse_dead_connection(dbapi_connection: Any, record: ConnectionPoolEntry, proxy: Any) -> None:
+    """Raise `DisconnectionError` (the pool then connects afresh) for a closed or unresponsive connection."""
+    if dbapi_connection.driver_connection.is_closed():
+        raise DisconnectionError('the server closed this pooled connection')
+    idle_since = record.info.get(_IDLE_SINCE)
+    if idle_since is not None and time.monotonic() - idle_since > PING_AFTER_IDLE_SECONDS:
+        try:
+            dbapi_connection.ping()
+        except Exception as error:
+            raise DisconnectionError(f'a pooled connection idle since {idle_since:.0f} did not answer') from error
 
 
 def sqlite_engine(database: str, *, busy_timeout: float, synchronous: SqliteSynchronous, pool_size: int) -> Engine:

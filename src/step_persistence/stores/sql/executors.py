@@ -68,7 +68,8 @@ class Transaction:
                 except DBAPIError as error:
                     orig: Any = error.orig
                     if dialect.is_disconnect(orig, self.driver, None):
-                        self.connection.invalidate(orig)  # as Core does: the pool drops it
+                        error.connection_invalidated = True  # as Core does: the pool drops the connection
+                        self.connection.invalidate(orig)
                     raise
                 if result is not None:
                     return result

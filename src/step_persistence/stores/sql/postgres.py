@@ -15,8 +15,9 @@ __all__ = ['PostgresStepStore']
 class PostgresStepStore(SqlStepStore):
     """A SQL store on PostgreSQL.
 
-    `url_or_engine` is a `postgresql://` URL (the store owns a pooled asyncpg engine with
-    `pool_pre_ping` and disposes of it in `aclose()`), an application's `AsyncEngine` (never
+    `url_or_engine` is a `postgresql://` URL (the store owns a pooled asyncpg engine, which replaces
+    connections the server closed and pings those idle for over 10 s, and disposes of it in
+    `aclose()`), an application's `AsyncEngine` (never
     disposed) or `AsyncConnection` (the store writes in the caller's transaction and never
     commits, rolls back or closes it).
 
