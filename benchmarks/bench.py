@@ -7,6 +7,8 @@ suite does (tests/servers), measures, and writes `benchmarks/RESULTS.md`.
 The comparator, `pydantic-ai-harness`, is used as a black box: its capability built from its
 stores, and its stores' public methods, nothing else. Both libraries run in the same process, on
 the same pydantic-ai (the version the comparator pins), on fresh stores of the same backends.
+Each backend is measured in a Python process of its own (a child of this one, with only the
+server that backend needs), so no backend runs in a process grown by the ones before it.
 
 Every time is a median over rounds that interleave the configurations (none / ours / theirs), so
 machine load affects them alike. Wall time is `time.perf_counter`, CPU time is
@@ -21,10 +23,12 @@ import asyncio
 import contextlib
 import importlib.metadata
 import os
+import pickle
 import platform
 import shutil
 import sqlite3
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -804,40 +808,48 @@ def write_results(path: Path, measured: list[str]) -> None:
     path.write_text(head + marker + '\n\n' + '\n'.join(measured).rstrip() + '\n')
 
 
-async def main(arguments: argparse.Namespace) -> None:
-    if theirs is None:
-        raise SystemExit('pydantic-ai-harness is not installed: run this in the benchmark environment (make bench)')
-    started, load_before = time.time(), os.getloadavg()
-    backends = [backend for backend in BACKENDS if backend in arguments.backends]
+@dataclass
+class Measurements:
+    """Everything one run of the parts measures (one backend's, in a child process, or all merged)."""
+
+    found: Servers = field(default_factory=Servers)
+    overhead: list[Overhead] = field(default_factory=list[Overhead])
+    sizes: dict[tuple[str, str, int], int | str] = field(default_factory=dict[tuple[str, str, int], int | str])
+    throughput: list[Throughput] = field(default_factory=list[Throughput])
+    ops: list[StoreOps] = field(default_factory=list[StoreOps])
+
+    def merge(self, other: Measurements) -> None:
+        for version in ('postgres_version', 'mongo_version'):
+            if getattr(other.found, version) != 'n/a':
+                setattr(self.found, version, getattr(other.found, version))
+        self.overhead += other.overhead
+        self.sizes.update(other.sizes)
+        self.throughput += other.throughput
+        self.ops += other.ops
+
+
+async def measure(
+    arguments: argparse.Namespace, backends: list[str], save: Callable[[Measurements], None]
+) -> Measurements:
+    """Run the chosen parts on `backends` in this process, calling `save` after each part."""
+    done = Measurements()
     root = Path(tempfile.mkdtemp(prefix='step-persistence-bench-'))
     try:
         with servers(root, postgres='postgres' in backends, mongo='mongo' in backends) as found:
             await server_versions(found)
+            done.found = found
             parts = set(arguments.parts)
-            overhead: list[Overhead] = []
-            sizes: dict[tuple[str, str, int], int | str] = {}
-            throughput: list[Throughput] = []
-            ops: list[StoreOps] = []
-
-            def save() -> list[str]:
-                """Render what is measured so far, and write it (a later failure keeps the earlier parts)."""
-                header = machine_lines(arguments, found, started, load_before)
-                measured = render(arguments, header, overhead, sizes, throughput, ops)
-                if arguments.output:
-                    write_results(Path(arguments.output), measured)
-                return measured
-
             if 'overhead' in parts:
-                overhead = await agent_overhead(
+                done.overhead = await agent_overhead(
                     backends, arguments.steps, arguments.rounds, arguments.budget, root, found
                 )
-                save()
+                save(done)
             if 'storage' in parts:
                 durable = [b for b in backends if b in DURABLE]
-                sizes = await storage(durable, [50, 200], 3 * arguments.budget, root, found)
-                save()
+                done.sizes = await storage(durable, [50, 200], 3 * arguments.budget, root, found)
+                save(done)
             if 'concurrency' in parts:
-                throughput = await concurrency(
+                done.throughput = await concurrency(
                     [b for b in backends if b in ('sqlite', 'postgres')],
                     arguments.agents,
                     arguments.concurrency_steps,
@@ -846,9 +858,9 @@ async def main(arguments: argparse.Namespace) -> None:
                     root,
                     found,
                 )
-                save()
+                save(done)
             if 'ops' in parts:
-                ops = await store_operations(
+                done.ops = await store_operations(
                     backends,
                     arguments.ops,
                     arguments.many_runs,
@@ -858,9 +870,62 @@ async def main(arguments: argparse.Namespace) -> None:
                     root,
                     found,
                 )
-            measured = save()
+                save(done)
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    return done
+
+
+CHILD_OPTIONS = (
+    'parts', 'steps', 'rounds', 'agents', 'concurrency_steps', 'concurrency_rounds', 'ops', 'many_runs',
+    'many_snapshots', 'budget', 'ops_budget', 'runs_budget',
+)  # fmt: skip
+
+
+def measure_in_child(arguments: argparse.Namespace, backend: str, results: Path) -> Measurements:
+    """`measure` on one backend in a fresh Python process, so no backend runs in a process grown by another's."""
+    command = [sys.executable, __file__, '--backends', backend, '--child-results', str(results)]
+    for option in CHILD_OPTIONS:
+        value = getattr(arguments, option)
+        command += [f'--{option.replace("_", "-")}', *map(str, value if isinstance(value, list) else [value])]
+    completed = subprocess.run(command, check=False)
+    if not results.exists():
+        raise SystemExit(f'the {backend} benchmarks measured nothing (exit status {completed.returncode})')
+    with results.open('rb') as stream:
+        measured: Measurements = pickle.load(stream)
+    if completed.returncode != 0:
+        print(f'the {backend} benchmarks stopped early (exit {completed.returncode}); keeping what they measured')
+    return measured
+
+
+def main(arguments: argparse.Namespace) -> None:
+    if theirs is None:
+        raise SystemExit('pydantic-ai-harness is not installed: run this in the benchmark environment (make bench)')
+    backends = [backend for backend in BACKENDS if backend in arguments.backends]
+    if arguments.child_results:
+        results = Path(arguments.child_results)
+
+        def keep(done: Measurements) -> None:
+            with results.open('wb') as stream:
+                pickle.dump(done, stream)
+
+        asyncio.run(measure(arguments, backends, keep))
+        return
+    started, load_before = time.time(), os.getloadavg()
+    everything = Measurements()
+
+    def render_and_write(done: Measurements) -> list[str]:
+        """Render what is measured so far, and write it (a later failure keeps the earlier parts)."""
+        header = machine_lines(arguments, done.found, started, load_before)
+        measured = render(arguments, header, done.overhead, done.sizes, done.throughput, done.ops)
+        if arguments.output:
+            write_results(Path(arguments.output), measured)
+        return measured
+
+    with tempfile.TemporaryDirectory(prefix='step-persistence-bench-results-') as scratch:
+        for backend in backends:
+            everything.merge(measure_in_child(arguments, backend, Path(scratch) / f'{backend}.pickle'))
+            measured = render_and_write(everything)
     print('\n'.join(measured))
 
 
@@ -878,6 +943,7 @@ if __name__ == '__main__':
     parser.add_argument('--many-snapshots', type=int, default=10_000)
     parser.add_argument('--budget', type=float, default=30, help='seconds one configuration may use for its rounds')
     parser.add_argument('--ops-budget', type=float, default=30, help='seconds for each rate and the snapshot loop')
-    parser.add_argument('--runs-budget', type=float, default=120, help='seconds for registering the many runs')
+    parser.add_argument('--runs-budget', type=float, default=300, help='seconds for registering the many runs')
     parser.add_argument('--output', default=str(ROOT / 'benchmarks' / 'RESULTS.md'))
-    asyncio.run(main(parser.parse_args()))
+    parser.add_argument('--child-results', help=argparse.SUPPRESS)
+    main(parser.parse_args())
