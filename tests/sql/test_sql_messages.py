@@ -9,7 +9,7 @@ import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 from pydantic_ai.usage import UsageLimits
-from sqlalchemy import Text, cast, func, select
+from sqlalchemy import Text, cast, event, func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from scripted import calls, scripted, text, turn_step
@@ -211,3 +211,33 @@ async def test_snapshot_rows_keep_a_constant_size_as_a_real_agent_run_grows(empt
     assert max(long.snapshot_row_bytes) <= max(short.snapshot_row_bytes) + 8, 'only digits may grow'
     assert long.message_rows <= 3 * 80 + 5, 'a few rows per step: the new messages and the completed newest one'
     assert long.message_bytes / 80 <= 1.1 * short.message_bytes / 20, 'message bytes per step stay flat'
+
+
+@pytest.mark.parametrize('media_store', [None, 'auto'])
+async def test_a_snapshot_whose_new_messages_were_expected_updates_the_run_row_once(
+    empty_database: EmptyDatabase, media_store: Any
+) -> None:
+    """Allocating the sequence number also reserves the message numbers: no second update of the run's row."""
+    updates: list[str] = []
+    engine = create_async_engine(empty_database.url)
+
+    @event.listens_for(engine.sync_engine, 'before_cursor_execute')
+    def count(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith('UPDATE RUNS'):
+            updates.append(statement)
+
+    steps = 5
+    history = sample_history(steps, tag='reserved')
+    encoder = HistoryEncoder()
+    try:
+        async with SqlStepStore(engine, media_store=media_store) as store:
+            await store.register_run(RunRecord(run_id='reserved'))
+            for step in range(1, steps + 1):
+                await store.save_snapshot(snapshot('reserved', history[: 2 * step + 1], step, encoder))
+            latest = await store.latest_snapshot(run_id='reserved')
+    finally:
+        await engine.dispose()
+    assert latest is not None and dump(latest.messages) == dump(history)
+    assert len(updates) == steps
+    found = await stored(empty_database.url, 'reserved')
+    assert found.references == [(2 * step + 1, 2 * step + 1) for step in range(1, steps + 1)]

@@ -68,6 +68,9 @@ class HistoryPlan:
     """Blob rows for the transaction to insert (the SQL media store of this database)."""
     packs_inline: bool = False
     """No media store: a message is stored as its own bytes, packed inside the transaction."""
+    expected_rows: list[int] = field(default_factory=list[int])
+    """Per snapshot of the write, in order, how many message rows it should add, as predicted from the
+    heads: the statement that allocates its sequence number reserves that many message numbers."""
 
     def body(self, run_id: str, message: EncodedMessage) -> PackedMessage:
         packed = self.packed.get(message.digest)
@@ -117,26 +120,23 @@ class HistoryRows:
 
     async def prepare(self, snapshots: Sequence[ContinuableSnapshot], *, refresh: str | None = None) -> HistoryPlan:
         """Pack the messages `snapshots` will add, from the runs' heads (`refresh`: re-read that run's head)."""
+        new: dict[str, EncodedMessage] = {}
         if self._media.store is None:
-            return HistoryPlan(heads=self._cached_heads(snapshots), packs_inline=True)
+            plan = HistoryPlan(heads=self._cached_heads(snapshots), packs_inline=True)
+            plan.expected_rows = _expected_rows(plan.heads, snapshots, new)
+            return plan
         plan = HistoryPlan()
         media = self._media
         if self._media.store is self._staged_media:
             plan.staged = StagedBlobs(self._media.store)
             media = MessageMedia(store=plan.staged, threshold_bytes=self._media.threshold_bytes)
-        predicted: dict[str, RunHead] = {}
-        new: dict[str, EncodedMessage] = {}
-        for snapshot in snapshots:
-            run_id = snapshot.run_id
-            if run_id not in predicted:
-                head = None if run_id == refresh else self._cached(run_id)
-                if head is None:
-                    head = await self._read_head(run_id)
-                if head is None:
-                    continue  # an unknown run: the transaction raises LookupError
+        for run_id in dict.fromkeys(snapshot.run_id for snapshot in snapshots):
+            head = None if run_id == refresh else self._cached(run_id)
+            if head is None:
+                head = await self._read_head(run_id)
+            if head is not None:  # an unknown run: the transaction raises LookupError
                 plan.heads[run_id] = head.copy()
-                predicted[run_id] = head.copy()
-            _predict(predicted[run_id], snapshot.encoded_messages(), new)
+        plan.expected_rows = _expected_rows(plan.heads, snapshots, new)
         for digest, message in new.items():
             if _has_no_media(message, media.threshold_bytes):
                 plan.packed[digest] = PackedMessage(message.data, externalized=False)
@@ -182,10 +182,14 @@ class HistoryRows:
         run_id: str,
         run_pk: int,
         last_no: int,
+        reserved: int,
         encoded: Sequence[EncodedMessage],
     ) -> StoredHistory:
-        """Write the changed positions of `encoded` (the transaction holds the run's row, whose
-        `last_message_no` is `last_no`) and return the snapshot's reference to its history."""
+        """Write the changed positions of `encoded` and return the snapshot's reference to its history.
+
+        The transaction holds the run's row: its `last_message_no` was `last_no`, and is now
+        `last_no + reserved` (the rows the plan expected); it is corrected if the rows written differ.
+        """
         head = plan.heads.get(run_id)
         if head is None or head.run_pk != run_pk or head.last_no > last_no:
             head = plan.heads[run_id] = RunHead(run_pk=run_pk)
@@ -207,11 +211,11 @@ class HistoryRows:
                     'externalized': packed.externalized,
                 }
             )
-        if not new_rows:
-            return StoredHistory(length=len(encoded), through_message=last_no)
-        through = new_rows[-1][0]
-        transaction.execute(self._statements.insert_messages, values)
-        transaction.execute(self._statements.advance_messages, {'pk': run_pk, 'last_no': through})
+        through = new_rows[-1][0] if new_rows else last_no
+        if new_rows:
+            transaction.execute(self._statements.insert_messages, values)
+        if through != last_no + reserved:
+            transaction.execute(self._statements.advance_messages, {'pk': run_pk, 'last_no': through})
         head.apply(new_rows, through=through)
         return StoredHistory(length=len(encoded), through_message=through)
 
@@ -288,8 +292,22 @@ def _has_no_media(message: EncodedMessage, threshold_bytes: int) -> bool:
     return len(data) < threshold_bytes and not any(sign in data for sign in _MEDIA_SIGNS)
 
 
-def _predict(head: RunHead, encoded: Sequence[EncodedMessage], new: dict[str, EncodedMessage]) -> None:
-    """Add to `new` the messages a save of `encoded` would write after `head`, and advance `head` as it would."""
+def _expected_rows(
+    heads: dict[str, RunHead], snapshots: Sequence[ContinuableSnapshot], new: dict[str, EncodedMessage]
+) -> list[int]:
+    """Per snapshot, the message rows its save would add after the previous ones, from copies of `heads`
+    (0 for a run without a head); the messages those rows hold are added to `new`."""
+    predicted = {run_id: head.copy() for run_id, head in heads.items()}
+    expected: list[int] = []
+    for snapshot in snapshots:
+        head = predicted.get(snapshot.run_id)
+        expected.append(0 if head is None else _predict(head, snapshot.encoded_messages(), new))
+    return expected
+
+
+def _predict(head: RunHead, encoded: Sequence[EncodedMessage], new: dict[str, EncodedMessage]) -> int:
+    """Add to `new` the messages a save of `encoded` would write after `head`, advance `head` as it would,
+    and return how many rows that is."""
     digests = [message.digest for message in encoded]
     rows = [
         (number, position, digests[position])
@@ -299,3 +317,4 @@ def _predict(head: RunHead, encoded: Sequence[EncodedMessage], new: dict[str, En
         new.setdefault(digest, encoded[position])
     if rows:
         head.apply(rows, through=rows[-1][0])
+    return len(rows)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Table, bindparam, delete, func, select, update
+from sqlalchemy import Integer, Table, bindparam, delete, func, select, update
 from sqlalchemy.sql import Delete
 
 from step_persistence.stores.sql import rows
@@ -48,7 +48,8 @@ class WriteStatements:
     claim_snapshot_key: Prepared
     """Values `idempotency_key` and `run`; inserts nothing when the run already used the key."""
     allocate_snapshot: Prepared
-    """Value `run`; returns the run's `id`, its new `last_snapshot_seq` and its `last_message_no`."""
+    """Values `run` and `added`: takes the run's next `last_snapshot_seq`, reserves `added` message numbers,
+    and returns the run's `id`, that sequence number and its new `last_message_no`."""
     insert_snapshot: Prepared
     """Values `rows.snapshot_values`."""
     insert_messages: Prepared
@@ -100,7 +101,10 @@ class WriteStatements:
             allocate_snapshot=Prepared(
                 update(runs)
                 .where(runs.c.run_id == bindparam(RUN_KEY))
-                .values(last_snapshot_seq=runs.c.last_snapshot_seq + 1)
+                .values(
+                    last_snapshot_seq=runs.c.last_snapshot_seq + 1,
+                    last_message_no=runs.c.last_message_no + bindparam('added', type_=Integer),
+                )
                 .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no)
             ),
             insert_snapshot=Prepared(snapshots.insert()),

@@ -3,7 +3,9 @@
 `SqlStepStore` runs them through its `Database` (one worker-thread call on SQLite, `run_sync` on
 an async engine or a caller's connection). Snapshot sequence numbers come from the run's row
 (`UPDATE runs ... RETURNING`), which also serializes concurrent snapshot writers of one run,
-across processes, and tells each writer whether the run's messages are as it expected.
+across processes, reserves the message numbers the snapshot is expected to add (one statement
+instead of a second update of the row, unless the expectation was wrong), and tells each writer
+whether the run's messages are as it expected.
 """
 
 from __future__ import annotations
@@ -67,17 +69,27 @@ class Writes:
         if transaction.execute(self._statements.record_tool_effect, rows.tool_effect_values(record)).rowcount == 0:
             raise LookupError(f'run {record.run_id!r} is not registered')
 
-    def save_snapshot(self, transaction: Transaction, snapshot: ContinuableSnapshot, plan: HistoryPlan) -> None:
-        """Write the snapshot, its new messages (packed in `plan`) and retention."""
+    def save_snapshot(
+        self, transaction: Transaction, snapshot: ContinuableSnapshot, plan: HistoryPlan, *, expected_rows: int
+    ) -> None:
+        """Write the snapshot, its new messages (packed in `plan`, `expected_rows` of them predicted) and retention."""
         run_id = snapshot.run_id
         if snapshot.idempotency_key is not None and not self._claim_snapshot_key(transaction, snapshot):
             return
-        allocated = transaction.execute(self._statements.allocate_snapshot, {RUN_KEY: run_id}).first()
+        allocated = transaction.execute(
+            self._statements.allocate_snapshot, {RUN_KEY: run_id, 'added': expected_rows}
+        ).first()
         if allocated is None:
             raise LookupError(f'run {run_id!r} is not registered')
-        run_pk, seq, last_no = allocated
+        run_pk, seq, reserved_through = allocated
         history = self._histories.write(
-            transaction, plan, run_id=run_id, run_pk=run_pk, last_no=last_no, encoded=snapshot.encoded_messages()
+            transaction,
+            plan,
+            run_id=run_id,
+            run_pk=run_pk,
+            last_no=reserved_through - expected_rows,
+            reserved=expected_rows,
+            encoded=snapshot.encoded_messages(),
         )
         transaction.execute(self._statements.insert_snapshot, rows.snapshot_values(snapshot, seq=seq, history=history))
         if self._max_snapshots is not None:
@@ -89,8 +101,8 @@ class Writes:
         for effect in writes.tool_effects:
             self.record_tool_effect(transaction, effect)
         self.append_events(transaction, writes.events)
-        for snapshot in writes.snapshots:
-            self.save_snapshot(transaction, snapshot, plan)
+        for snapshot, expected_rows in zip(writes.snapshots, plan.expected_rows, strict=True):
+            self.save_snapshot(transaction, snapshot, plan, expected_rows=expected_rows)
 
     def delete_run(self, transaction: Transaction, run_id: str) -> None:
         for table in (*_CHILD_TABLES, runs):
