@@ -10,10 +10,11 @@ foreign-key enforcement or aborting a caller's PostgreSQL transaction with a con
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Integer, Table, bindparam, delete, func, select, update
+from sqlalchemy import Integer, Table, bindparam, column, delete, func, literal_column, select, update, values
 from sqlalchemy.sql import Delete
 
 from step_persistence.stores.sql import rows
@@ -22,7 +23,7 @@ from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.rows import RUN_KEY
 from step_persistence.stores.sql.schema import events, messages, runs, snapshot_keys, snapshots, tool_effects
 
-__all__ = ['WriteStatements']
+__all__ = ['EVENTS_PER_STATEMENT', 'WriteStatements', 'events_rows_parameters']
 
 
 def _from_run(insert: Any, table: Table, names: tuple[str, ...]) -> DialectInsert:
@@ -33,6 +34,54 @@ def _from_run(insert: Any, table: Table, names: tuple[str, ...]) -> DialectInser
     source = select(*columns).where(runs.c.run_id == bindparam(RUN_KEY))
     statement: DialectInsert = insert(table).from_select(list(names), source)
     return statement
+
+
+EVENTS_PER_STATEMENT = 16
+"""The most events one multi-row `INSERT` appends (on dialects that append several with one statement)."""
+
+_EVENT_VALUE_FIELDS = tuple(name for name in rows.EVENT_FIELDS if name != 'run_id')
+
+
+@functools.cache
+def _events_from_values(dialect_name: str, count: int) -> Prepared:
+    """`INSERT INTO events (...) SELECT runs.run_id, new_events... FROM (VALUES ...) AS new_events JOIN runs
+    ON runs.run_id = :run ORDER BY new_events.ordinal`, for `count` rows: the values of row `i` are
+    named `<field>_<i>`. One statement (one round trip) that reports how many rows it inserted."""
+    new_events = values(
+        *(column(name, events.c[name].type) for name in _EVENT_VALUE_FIELDS),
+        column('ordinal', Integer),
+        name='new_events',
+    ).data(
+        [
+            (
+                *(bindparam(f'{name}_{row}', type_=events.c[name].type) for name in _EVENT_VALUE_FIELDS),
+                literal_column(str(row), Integer),
+            )
+            for row in range(count)
+        ]
+    )
+    source = (
+        select(runs.c.run_id, *(new_events.c[name] for name in _EVENT_VALUE_FIELDS))
+        .select_from(new_events.join(runs, runs.c.run_id == bindparam(RUN_KEY)))
+        .order_by(new_events.c.ordinal)
+    )
+    insert = dialect_insert(dialect_name)
+    return Prepared(
+        insert(events)
+        .from_select(list(rows.EVENT_FIELDS), source)
+        .on_conflict_do_nothing(
+            index_elements=[events.c.run_id, events.c.idempotency_key],
+            index_where=events.c.idempotency_key.is_not(None),
+        )
+    )
+
+
+def events_rows_parameters(run_id: str, parameters: list[dict[str, Any]]) -> dict[str, Any]:
+    """The parameters of `_events_from_values` for events of one run, given each one's `rows.event_values`."""
+    named: dict[str, Any] = {RUN_KEY: run_id}
+    for row, each in enumerate(parameters):
+        named.update((f'{name}_{row}', each[name]) for name in _EVENT_VALUE_FIELDS)
+    return named
 
 
 @dataclass(frozen=True)
@@ -63,6 +112,12 @@ class WriteStatements:
     counts_many_rows: bool
     """Whether a statement run with many parameter sets reports the total rows it wrote (SQLite does;
     asyncpg's `executemany` does not), so that events can be appended with one statement."""
+    dialect_name: str = field(default='sqlite')
+
+    def append_events_of_run(self, count: int) -> Prepared:
+        """For dialects that do not count many rows: `count` (at most `EVENTS_PER_STATEMENT`) events of one
+        run in one multi-row statement; its parameters come from `events_rows_parameters`."""
+        return _events_from_values(self.dialect_name, count)
 
     @classmethod
     def for_dialect(cls, dialect_name: str) -> WriteStatements:
@@ -119,4 +174,5 @@ class WriteStatements:
                 snapshots.c.run_id == bindparam(RUN_KEY), snapshots.c.seq.in_(bindparam('seqs', expanding=True))
             ),
             counts_many_rows=dialect_name == 'sqlite',
+            dialect_name=dialect_name,
         )

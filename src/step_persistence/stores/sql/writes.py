@@ -10,6 +10,9 @@ whether the run's messages are as it expected.
 
 from __future__ import annotations
 
+import itertools
+from typing import Any
+
 from sqlalchemy import delete, select
 
 from step_persistence.records import (
@@ -24,9 +27,10 @@ from step_persistence.retention import retained_seqs
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.histories import HistoryPlan, HistoryRows
+from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.rows import RUN_KEY
 from step_persistence.stores.sql.schema import events, messages, runs, snapshot_keys, snapshots, tool_effects
-from step_persistence.stores.sql.statements import WriteStatements
+from step_persistence.stores.sql.statements import EVENTS_PER_STATEMENT, WriteStatements, events_rows_parameters
 
 __all__ = ['Writes']
 
@@ -54,13 +58,27 @@ class Writes:
             self._require_run(transaction, event.run_id)
 
     def append_events(self, transaction: Transaction, events_: list[StepEvent]) -> None:
-        """Append `events_` in order: one multi-row statement where the driver counts the rows it inserts."""
-        if len(events_) < 2 or not self._statements.counts_many_rows:
+        """Append `events_` in order, several per statement: with many parameter sets where the driver
+        counts the rows they insert (SQLite), else a multi-row statement per run (PostgreSQL)."""
+        if len(events_) < 2:
             for event in events_:
                 self.append_event(transaction, event)
             return
-        parameters = [rows.event_values(event) for event in events_]
-        if transaction.execute(self._statements.append_event, parameters).rowcount != len(events_):
+        if self._statements.counts_many_rows:
+            many = [rows.event_values(event) for event in events_]
+            self._append_counted(transaction, self._statements.append_event, events_, many)
+            return
+        for run_id, group in itertools.groupby(events_, key=lambda event: event.run_id):
+            run_events = list(group)
+            for start in range(0, len(run_events), EVENTS_PER_STATEMENT):
+                chunk = run_events[start : start + EVENTS_PER_STATEMENT]
+                named = events_rows_parameters(run_id, [rows.event_values(event) for event in chunk])
+                self._append_counted(transaction, self._statements.append_events_of_run(len(chunk)), chunk, named)
+
+    def _append_counted(
+        self, transaction: Transaction, statement: Prepared, events_: list[StepEvent], parameters: Any
+    ) -> None:
+        if transaction.execute(statement, parameters).rowcount != len(events_):
             # A repeated idempotency key, or an unregistered run: only the latter is an error.
             for run_id in dict.fromkeys(event.run_id for event in events_):
                 self._require_run(transaction, run_id)

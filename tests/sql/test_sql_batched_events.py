@@ -1,0 +1,69 @@
+"""A batch's events reach the database several per statement, in order, on SQLite and PostgreSQL.
+
+SQLite appends them with one many-row `executemany` (its driver counts the rows inserted);
+PostgreSQL with one multi-row `INSERT ... SELECT ... FROM (VALUES ...)` per run and per
+`EVENTS_PER_STATEMENT` events (asyncpg's `executemany` counts nothing). Either way the count tells
+a repeated idempotency key (skipped) from an unregistered run (`LookupError`).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from sql.databases import EmptyDatabase
+from step_persistence import RunRecord, SqlStepStore, StepEvent
+from step_persistence.records import StepWrites
+from step_persistence.stores.sql.statements import EVENTS_PER_STATEMENT
+
+pytestmark = pytest.mark.anyio
+
+
+def _event(run_id: str, step: int, key: str | None = None) -> StepEvent:
+    return StepEvent(run_id=run_id, kind='tool_call_started', step_index=step, idempotency_key=key)
+
+
+async def test_events_of_a_batch_are_appended_several_per_statement_in_order(empty_database: EmptyDatabase) -> None:
+    inserts: list[str] = []
+    engine = create_async_engine(empty_database.url)
+
+    @event.listens_for(engine.sync_engine, 'before_cursor_execute')
+    def count(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith('INSERT INTO EVENTS'):
+            inserts.append(statement)
+
+    many = EVENTS_PER_STATEMENT + 4
+    batch = [_event('a', step) for step in range(many)] + [_event('b', 0), _event('a', many)]
+    try:
+        async with SqlStepStore(engine) as store:
+            for run_id in ('a', 'b'):
+                await store.register_run(RunRecord(run_id=run_id))
+            inserts.clear()
+            await store.write_batch(StepWrites(events=batch))
+            stored_a = [found.step_index for found in await store.list_events(run_id='a')]
+            stored_b = [found.step_index for found in await store.list_events(run_id='b')]
+    finally:
+        await engine.dispose()
+    assert stored_a == list(range(many + 1))
+    assert stored_b == [0]
+    if empty_database.dialect == 'sqlite':
+        assert len(inserts) == 1
+    else:
+        assert len(inserts) == math.ceil(many / EVENTS_PER_STATEMENT) + 2
+
+
+async def test_a_multi_row_append_skips_repeated_keys_and_refuses_an_unregistered_run(
+    empty_database: EmptyDatabase,
+) -> None:
+    async with SqlStepStore(empty_database.url) as store:
+        await store.register_run(RunRecord(run_id='a'))
+        await store.write_batch(StepWrites(events=[_event('a', 0, 'k0'), _event('a', 1, 'k0'), _event('a', 2)]))
+        await store.write_batch(StepWrites(events=[_event('a', 3, 'k0'), _event('a', 4)]))
+        assert [found.step_index for found in await store.list_events(run_id='a')] == [0, 2, 4]
+        with pytest.raises(LookupError):
+            await store.write_batch(StepWrites(events=[_event('ghost', 0), _event('ghost', 1)]))
+        assert await store.list_events(run_id='ghost') == []
