@@ -12,9 +12,11 @@ synchronous SQLAlchemy `Connection` inside a transaction). An executor runs it:
   stores using threads cannot starve it. A database with a single connection (`:memory:`, a
   caller's `sqlite3` connection) runs every operation on the writer thread.
 - `AsyncExecutor` (PostgreSQL through asyncpg, and any application's `AsyncEngine` or
-  `AsyncConnection`): the function runs through `AsyncConnection.run_sync`, inside a transaction
-  the executor begins and commits on a pooled connection, or inside the caller's transaction on
-  the caller's connection (never committed, rolled back or closed here).
+  `AsyncConnection`): on an engine, the whole transaction (checkout, `BEGIN`, the function,
+  `COMMIT`, check-in) runs on the engine's synchronous facade in one greenlet
+  (`sqlalchemy.util.greenlet_spawn`, what `AsyncConnection.run_sync` uses); on a caller's
+  connection, the function runs through `run_sync` inside the caller's transaction (never
+  committed, rolled back or closed here).
 
 A function that raises rolls its transaction back (except the caller's: that is the caller's).
 """
@@ -34,6 +36,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql import Executable
+from sqlalchemy.util import greenlet_spawn
 
 from step_persistence.stores.sql.engines import WRITE_OPTION
 from step_persistence.stores.sql.prepared import Prepared
@@ -121,9 +124,9 @@ def _with_transaction(
     return operation(Transaction(connection, options, driver))
 
 
-def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[str, Any]) -> T:
+def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[str, Any], *, direct: bool = True) -> T:
     with engine.connect() as connection, connection.begin():
-        return _with_transaction(operation, options, connection)
+        return _with_transaction(operation, options, connection, direct=direct)
 
 
 class AsyncExecutor:
@@ -144,15 +147,15 @@ class AsyncExecutor:
         """SQLite admits one writer at a time: this process's writers queue here."""
 
     async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
-        def in_transaction(connection: Connection) -> T:
-            return _with_transaction(operation, options, connection, direct=self._direct)
-
         writer = self._writer if write else None
         async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
             if isinstance(self._bind, AsyncConnection):
-                return await self._bind.run_sync(in_transaction)
-            async with self._bind.connect() as connection, connection.begin():
-                return await connection.run_sync(in_transaction)
+                return await self._bind.run_sync(partial(_with_transaction, operation, options, direct=self._direct))
+            # The whole transaction (checkout, BEGIN, the operation, COMMIT, check-in) in one greenlet,
+            # as `AsyncConnection.run_sync` runs one function: the same pool and engine events as
+            # `async with engine.connect(), connection.begin()`, without a greenlet for each of them.
+            engine = self._bind.sync_engine
+            return await greenlet_spawn(_in_transaction, engine, operation, options, direct=self._direct)
 
     async def dispose(self) -> None:
         if isinstance(self._bind, AsyncEngine):
