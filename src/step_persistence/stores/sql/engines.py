@@ -83,7 +83,8 @@ def _refuse_dead_connection(dbapi_connection: Any, record: ConnectionPoolEntry, 
         try:
             dbapi_connection.ping()
         except Exception as error:
-            raise DisconnectionError(f'a pooled connection idle since {idle_since:.0f} did not answer') from error
+            idle = time.monotonic() - idle_since
+            raise DisconnectionError(f'a pooled connection idle for {idle:.0f} s did not answer') from error
 
 
 def sqlite_engine(database: str, *, busy_timeout: float, synchronous: SqliteSynchronous, pool_size: int) -> Engine:

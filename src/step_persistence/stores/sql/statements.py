@@ -11,7 +11,7 @@ foreign-key enforcement or aborting a caller's PostgreSQL transaction with a con
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Integer, Table, bindparam, column, delete, func, literal_column, select, update, values
@@ -112,7 +112,7 @@ class WriteStatements:
     counts_many_rows: bool
     """Whether a statement run with many parameter sets reports the total rows it wrote (SQLite does;
     asyncpg's `executemany` does not), so that events can be appended with one statement."""
-    dialect_name: str = field(default='sqlite')
+    dialect_name: str
 
     def append_events_of_run(self, count: int) -> Prepared:
         """For dialects that do not count many rows: `count` (at most `EVENTS_PER_STATEMENT`) events of one

@@ -1,7 +1,7 @@
 """The SQL store's write operations, each a synchronous function of one transaction.
 
-`SqlStepStore` runs them through its `Database` (one worker-thread call on SQLite, `run_sync` on
-an async engine or a caller's connection). Snapshot sequence numbers come from the run's row
+`SqlStepStore` runs them through its `Database` (on SQLite's writer thread, in one greenlet on
+an async engine, through `run_sync` on a caller's connection). Snapshot sequence numbers come from the run's row
 (`UPDATE runs ... RETURNING`), which also serializes concurrent snapshot writers of one run,
 across processes, reserves the message numbers the snapshot is expected to add (one statement
 instead of a second update of the row, unless the expectation was wrong), and tells each writer
