@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from sqlalchemy import inspect
-from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy import event, inspect
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from servers.postgres import PostgresServer
 
@@ -68,3 +69,15 @@ async def postgres_database(request: pytest.FixtureRequest) -> AsyncIterator[Emp
     """A new, empty database on the session's PostgreSQL cluster."""
     async for database in fresh_postgres_database(request):
         yield database
+
+
+def statements_sent(engine: AsyncEngine, prefix: str) -> list[str]:
+    """A list that collects, from now on, the statements `engine` sends that start with `prefix` (any case)."""
+    sent: list[str] = []
+
+    @event.listens_for(engine.sync_engine, 'before_cursor_execute')
+    def collect(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith(prefix.upper()):
+            sent.append(statement)
+
+    return sent

@@ -9,13 +9,11 @@ a repeated idempotency key (skipped) from an unregistered run (`LookupError`).
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import pytest
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.databases import EmptyDatabase
+from sql.databases import EmptyDatabase, statements_sent
 from step_persistence import RunRecord, SqlStepStore, StepEvent
 from step_persistence.records import StepWrites
 from step_persistence.stores.sql.statements import EVENTS_PER_STATEMENT
@@ -28,14 +26,8 @@ def _event(run_id: str, step: int, key: str | None = None) -> StepEvent:
 
 
 async def test_events_of_a_batch_are_appended_several_per_statement_in_order(empty_database: EmptyDatabase) -> None:
-    inserts: list[str] = []
     engine = create_async_engine(empty_database.url)
-
-    @event.listens_for(engine.sync_engine, 'before_cursor_execute')
-    def count(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith('INSERT INTO EVENTS'):
-            inserts.append(statement)
-
+    inserts = statements_sent(engine, 'INSERT INTO events')
     many = EVENTS_PER_STATEMENT + 4
     batch = [_event('a', step) for step in range(many)] + [_event('b', 0), _event('a', many)]
     try:

@@ -9,11 +9,11 @@ import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 from pydantic_ai.usage import UsageLimits
-from sqlalchemy import Text, cast, event, func, select
+from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from scripted import calls, scripted, text, turn_step
-from sql.databases import EmptyDatabase
+from sql.databases import EmptyDatabase, statements_sent
 from sql.processes import write_concurrently
 from sql.shared_run_writer import RUN_ID, SCRIPT, history_for
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepPersistence
@@ -218,14 +218,8 @@ async def test_a_snapshot_whose_new_messages_were_expected_updates_the_run_row_o
     empty_database: EmptyDatabase, media_store: Any
 ) -> None:
     """Allocating the sequence number also reserves the message numbers: no second update of the run's row."""
-    updates: list[str] = []
     engine = create_async_engine(empty_database.url)
-
-    @event.listens_for(engine.sync_engine, 'before_cursor_execute')
-    def count(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if statement.lstrip().upper().startswith('UPDATE RUNS'):
-            updates.append(statement)
-
+    updates = statements_sent(engine, 'UPDATE runs')
     steps = 5
     history = sample_history(steps, tag='reserved')
     encoder = HistoryEncoder()
