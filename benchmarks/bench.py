@@ -828,10 +828,9 @@ class Measurements:
         self.ops += other.ops
 
 
-async def measure(
-    arguments: argparse.Namespace, backends: list[str], save: Callable[[Measurements], None]
-) -> Measurements:
-    """Run the chosen parts on `backends` in this process, calling `save` after each part."""
+async def measure(arguments: argparse.Namespace, backends: list[str], save: Callable[[Measurements], None]) -> None:
+    """Run the chosen parts on `backends` in this process, handing what is measured so far to `save`
+    after each part (a later failure keeps the earlier parts)."""
     done = Measurements()
     root = Path(tempfile.mkdtemp(prefix='step-persistence-bench-'))
     try:
@@ -873,7 +872,6 @@ async def measure(
                 save(done)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return done
 
 
 CHILD_OPTIONS = (
