@@ -16,7 +16,10 @@ synchronous SQLAlchemy `Connection` inside a transaction). An executor runs it:
   `COMMIT`, check-in) runs on the engine's synchronous facade in one greenlet
   (`sqlalchemy.util.greenlet_spawn`, what `AsyncConnection.run_sync` uses); on a caller's
   connection, the function runs through `run_sync` inside the caller's transaction (never
-  committed, rolled back or closed here).
+  committed, rolled back or closed here). On SQLite (aiosqlite) a cancelled caller waits for
+  its operation to finish, as a thread cannot be interrupted either: aiosqlite's connections
+  do not survive an interrupted statement (SQLAlchemy closes them, and that close can leave a
+  task the event loop waits for forever at shutdown).
 
 A function that raises rolls its transaction back (except the caller's: that is the caller's).
 """
@@ -25,11 +28,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
 
+import anyio
 import anyio.to_thread
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
@@ -143,10 +147,18 @@ class AsyncExecutor:
         single_connection = engine is None or isinstance(engine.pool, StaticPool)
         self._serial = asyncio.Lock() if single_connection else None
         """Held for every operation when there is only one connection to share."""
-        self._writer = asyncio.Lock() if bind.dialect.name == 'sqlite' and not single_connection else None
+        sqlite = bind.dialect.name == 'sqlite'
+        self._writer = asyncio.Lock() if sqlite and not single_connection else None
         """SQLite admits one writer at a time: this process's writers queue here."""
+        self._uninterruptible = sqlite
+        """A cancellation waits for the operation in flight instead of interrupting its statement."""
 
     async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
+        if self._uninterruptible:
+            return await _to_completion(self._run(operation, write=write, options=options))
+        return await self._run(operation, write=write, options=options)
+
+    async def _run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
         writer = self._writer if write else None
         async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
             if isinstance(self._bind, AsyncConnection):
@@ -160,3 +172,24 @@ class AsyncExecutor:
     async def dispose(self) -> None:
         if isinstance(self._bind, AsyncEngine):
             await self._bind.dispose()
+
+
+async def _to_completion(operation: Coroutine[Any, Any, T]) -> T:
+    """The result of `operation`, run in a task of its own that no cancellation of the caller interrupts.
+
+    An anyio cancellation reaches the caller at its next checkpoint after this returns; an asyncio
+    cancellation (`Task.cancel`, `asyncio.timeout`) is raised once the operation has ended.
+    """
+    task = asyncio.ensure_future(operation)
+    cancellation: asyncio.CancelledError | None = None
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait([task])
+            except asyncio.CancelledError as error:
+                cancellation = error
+    if cancellation is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller sees its cancellation, not the operation's outcome
+        raise cancellation
+    return task.result()

@@ -1,0 +1,93 @@
+"""A cancelled caller on an application's aiosqlite engine: its operation finishes, its connection survives.
+
+aiosqlite's connections do not survive a statement interrupted by a cancellation: SQLAlchemy
+invalidates them, and the close it starts can leave a task that the event loop waits for forever
+when it shuts down. The SQL store lets the operation in flight finish instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from pydantic_ai.messages import ModelRequest, UserPromptPart
+from sqlalchemy import event
+from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+
+from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
+from step_persistence.testing.conformance import T0
+
+pytestmark = pytest.mark.anyio
+
+SNAPSHOT = ContinuableSnapshot(
+    run_id='r', step_index=1, messages=[ModelRequest(parts=[UserPromptPart(content='hello', timestamp=T0)])]
+)
+
+
+@pytest.fixture
+async def engine(tmp_path: Path) -> AsyncIterator[AsyncEngine]:
+    engine = create_async_engine(f'sqlite+aiosqlite:///{tmp_path / "app.db"}')
+    async with SqlStepStore(engine) as store:
+        await store.migrate()
+        await store.register_run(RunRecord(run_id='r'))
+    yield engine
+    await engine.dispose()
+
+
+def invalidations(engine: AsyncEngine) -> list[BaseException | None]:
+    """A list that collects, from now on, the errors for which the engine's pool drops a connection."""
+    dropped: list[BaseException | None] = []
+
+    @event.listens_for(engine.sync_engine, 'invalidate')
+    def collect(connection: Any, record: Any, error: BaseException | None) -> None:
+        dropped.append(error)
+
+    return dropped
+
+
+def on_first_insert(engine: AsyncEngine, cancel: Callable[[], None]) -> None:
+    """Call `cancel` while the first INSERT the engine sends from now on is about to run."""
+
+    cancelled: list[str] = []
+
+    @event.listens_for(engine.sync_engine, 'before_cursor_execute')
+    def cancel_once(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not cancelled and statement.lstrip().upper().startswith('INSERT'):
+            cancelled.append(statement)
+            cancel()
+
+
+def started_since(tasks: set[asyncio.Task[Any]]) -> set[asyncio.Task[Any]]:
+    """The tasks not yet done, other than `tasks` and the current one."""
+    return asyncio.all_tasks() - tasks - {asyncio.current_task()}
+
+
+async def test_an_anyio_cancellation_lets_the_save_in_flight_commit(engine: AsyncEngine) -> None:
+    dropped, running = invalidations(engine), asyncio.all_tasks()
+    async with SqlStepStore(engine) as store:
+        with anyio.CancelScope() as scope:
+            on_first_insert(engine, scope.cancel)
+            await store.save_snapshot(SNAPSHOT)
+            await anyio.lowlevel.checkpoint()
+            pytest.fail('the cancellation was not delivered after the save')
+        assert scope.cancelled_caught
+        assert [s.seq for s in await store.list_snapshots(run_id='r')] == [1]
+    assert dropped == [], 'no connection was interrupted'
+    assert started_since(running) == set(), 'no task was left behind'
+
+
+async def test_an_asyncio_cancellation_is_raised_once_the_save_has_committed(engine: AsyncEngine) -> None:
+    dropped, running = invalidations(engine), asyncio.all_tasks()
+    async with SqlStepStore(engine) as store:
+        saving = asyncio.ensure_future(store.save_snapshot(SNAPSHOT))
+        on_first_insert(engine, saving.cancel)
+        with pytest.raises(asyncio.CancelledError):
+            await saving
+        assert [s.seq for s in await store.list_snapshots(run_id='r')] == [1]
+    assert dropped == [], 'no connection was interrupted'
+    assert started_since(running) == set(), 'no task was left behind'
