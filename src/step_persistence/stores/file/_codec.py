@@ -111,12 +111,16 @@ class SnapshotEntry:
     seq: int
     state: SnapshotState
     idempotency_key: str | None
+    retain: int | None
+    """The `max_snapshots_per_run` of the store that wrote the line: the retention applied after it."""
 
 
-def dump_snapshot_journal_line(snapshot: ContinuableSnapshot, seq: int) -> bytes:
-    """The `snapshots.jsonl` line committing snapshot `seq` (step and time included for readers)."""
+def dump_snapshot_journal_line(snapshot: ContinuableSnapshot, seq: int, retain: int | None) -> bytes:
+    """The `snapshots.jsonl` line committing snapshot `seq` (step and time included for readers), and
+    the retention its writer applied (`retain`, left out when the writer kept every snapshot)."""
     fields = snapshot.model_dump(mode='json', include={'state', 'step_index', 'timestamp', 'idempotency_key'})
-    return json.dumps({'seq': seq, **fields}, ensure_ascii=False).encode()
+    line = {'seq': seq, **fields} if retain is None else {'seq': seq, **fields, 'retain': retain}
+    return json.dumps(line, ensure_ascii=False).encode()
 
 
 def load_snapshot_journal_line(line: bytes) -> SnapshotEntry:
@@ -125,8 +129,11 @@ def load_snapshot_journal_line(line: bytes) -> SnapshotEntry:
     seq, state, key = value.get('seq'), value.get('state'), value.get('idempotency_key')
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         raise ValueError(f'snapshot journal line has no valid seq: {seq!r}')
+    retain = value.get('retain')
+    if retain is not None and (not isinstance(retain, int) or isinstance(retain, bool) or retain < 1):
+        raise ValueError(f'snapshot journal line has an invalid retain {retain!r}')
     if state not in SNAPSHOT_STATES:
         raise ValueError(f'snapshot journal line has an unknown state {state!r}')
     if key is not None and not isinstance(key, str):
         raise ValueError(f'snapshot journal line has a non-string idempotency_key {key!r}')
-    return SnapshotEntry(seq=seq, state=state, idempotency_key=key)
+    return SnapshotEntry(seq=seq, state=state, idempotency_key=key, retain=retain)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
-from pathlib import Path
 
 from step_persistence.records import SnapshotState, ToolEffectRecord
 from step_persistence.retention import retained_seqs
@@ -42,11 +41,11 @@ class EventJournal(Journal[str | None]):
 
 
 class SnapshotJournal(Journal[SnapshotEntry]):
-    """`snapshots.jsonl`, the commit log of snapshots: used keys, the next seq, the retained snapshots."""
+    """`snapshots.jsonl`, the commit log of snapshots: used keys, the next seq, the retained snapshots.
 
-    def __init__(self, path: Path, max_snapshots: int | None) -> None:
-        self.max_snapshots = max_snapshots
-        super().__init__(path)
+    Each line applies the retention of the store that wrote it, so every reader agrees on what is
+    retained with the writers that deleted files, whatever its own `max_snapshots_per_run`.
+    """
 
     def clear(self) -> None:
         self.keys: set[str] = set()
@@ -67,8 +66,8 @@ class SnapshotJournal(Journal[SnapshotEntry]):
             self.retained = sorted({*self.retained, (entry.seq, entry.state)})
         else:
             self.retained.append((entry.seq, entry.state))
-        if self.max_snapshots is not None:
-            keep = retained_seqs(self.retained, self.max_snapshots)
+        if entry.retain is not None:
+            keep = retained_seqs(self.retained, entry.retain)
             self.pruned.extend(seq for seq, _ in self.retained if seq not in keep)
             self.retained = [(seq, state) for seq, state in self.retained if seq in keep]
 
@@ -93,17 +92,16 @@ class EffectJournal(Journal[ToolEffectRecord]):
 class RunIndex:
     """Everything a process has derived from one run's files; use it only while holding `lock`."""
 
-    def __init__(self, paths: RunPaths, max_snapshots: int | None) -> None:
+    def __init__(self, paths: RunPaths) -> None:
         self.lock = threading.Lock()
         self.paths = paths
-        self.max_snapshots = max_snapshots
         self.incarnation: str | None = None
         self._start_over()
 
     def _start_over(self) -> None:
         self.events = EventJournal(self.paths.events)
         self.messages = MessageJournal(self.paths.messages)
-        self.snapshots = SnapshotJournal(self.paths.snapshot_journal, self.max_snapshots)
+        self.snapshots = SnapshotJournal(self.paths.snapshot_journal)
         self.effects = EffectJournal(self.paths.tool_effects)
 
     def adopt(self, incarnation: str) -> None:

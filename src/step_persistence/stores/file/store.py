@@ -177,7 +177,7 @@ class FileStepStore:
         the index is dropped, so the next use rebuilds it from the files.
         """
         paths = run_paths(self.directory, run_id)
-        index = self._indexes.get(run_id, lambda: RunIndex(paths, self.max_snapshots_per_run))
+        index = self._indexes.get(run_id, lambda: RunIndex(paths))
         with index.lock:
             try:
                 with locked_run(paths.lock_file, exclusive=exclusive, io=self._io) as incarnation:
@@ -340,8 +340,9 @@ class FileStepStore:
         history = index.messages.store(self._io, encoded, self._pack)
         seq = journal.next_seq
         self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, history))
-        entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key)
-        journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq), entry)])
+        retain = self.max_snapshots_per_run
+        entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key, retain=retain)
+        journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq, retain), entry)])
         for pruned in journal.pruned:
             index.paths.snapshot(pruned).unlink(missing_ok=True)
 
