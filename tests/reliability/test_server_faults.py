@@ -180,23 +180,26 @@ async def test_mongo_stopped_mid_run_fails_the_write_within_the_timeout_and_lose
         await store.aclose()
 
 
+@pytest.mark.parametrize('configured_on', ['url', 'engine'])
 async def test_postgres_frozen_mid_run_fails_the_write_within_the_configured_timeouts(
-    private_postgres: PrivatePostgres,
+    private_postgres: PrivatePostgres, configured_on: str
 ) -> None:
-    """A server that accepts connections but never answers (SIGSTOP): the engine's timeouts end the wait."""
+    """A server that accepts connections but never answers (SIGSTOP): the timeouts end the wait, whether
+    the URL the store builds its engine from sets them or the caller's own engine does."""
     server = private_postgres.server
     url = server.url(await server.create_database())
-    timeouts = {'timeout': TIMEOUT_SECONDS, 'command_timeout': TIMEOUT_SECONDS}
+    engines: list[AsyncEngine] = []
 
-    def engine() -> AsyncEngine:
-        return create_async_engine(url, pool_pre_ping=True, connect_args=timeouts)
+    def open_store() -> PostgresStepStore:
+        if configured_on == 'url':
+            return PostgresStepStore(f'{url}?timeout={TIMEOUT_SECONDS}&command_timeout={TIMEOUT_SECONDS}')
+        timeouts = {'timeout': TIMEOUT_SECONDS, 'command_timeout': TIMEOUT_SECONDS}
+        engines.append(create_async_engine(url, pool_pre_ping=True, connect_args=timeouts))
+        return PostgresStepStore(engines[-1])
 
-    engines = [engine(), engine()]
-    store = PostgresStepStore(engines[0])
+    store = open_store()
     try:
-        await run_through_outage(
-            store, lambda: PostgresStepStore(engines[1]), private_postgres.freeze, private_postgres.thaw, frozen=True
-        )
+        await run_through_outage(store, open_store, private_postgres.freeze, private_postgres.thaw, frozen=True)
     finally:
         await store.aclose()
         for made in engines:

@@ -38,6 +38,16 @@ def test_a_blocking_driver_is_refused_in_favour_of_the_async_one() -> None:
         SqlStepStore('sqlite+pysqlite:///runs.db')
 
 
+@pytest.mark.parametrize(
+    'query', ['timeout=soon', 'timeout=0', 'command_timeout=-1', 'command_timeout=inf', 'timeout=1&timeout=2']
+)
+def test_a_bad_postgres_timeout_names_the_parameter_without_the_password(query: str) -> None:
+    name = query.partition('=')[0]
+    with pytest.raises(ValueError, match=f'{name} must be a positive number of seconds') as raised:
+        PostgresStepStore(f'postgresql://app:hunter2@db.example/runs?{query}')
+    assert 'hunter2' not in str(raised.value)
+
+
 async def test_the_password_never_shows_in_the_stores_repr() -> None:
     store = PostgresStepStore('postgresql://app:hunter2@127.0.0.1:1/runs')
     try:

@@ -10,6 +10,7 @@ plain `BEGIN` (one consistent view per read).
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import time
 from typing import Any, Literal
@@ -22,6 +23,7 @@ from sqlalchemy.pool import ConnectionPoolEntry, QueuePool, StaticPool
 
 __all__ = [
     'PING_AFTER_IDLE_SECONDS',
+    'POSTGRES_TIMEOUTS',
     'WRITE_OPTION',
     'SqliteSynchronous',
     'check_synchronous',
@@ -56,6 +58,11 @@ PING_AFTER_IDLE_SECONDS = 10.0
 _IDLE_SINCE = 'step_persistence_idle_since'
 
 
+POSTGRES_TIMEOUTS = ('timeout', 'command_timeout')
+"""Query parameters of a PostgreSQL URL, in seconds: connecting (asyncpg's default 60), and each statement
+(asyncpg's default: none)."""
+
+
 def postgres_engine(url: URL) -> AsyncEngine:
     """A pooled asyncpg engine that hands out only live connections, without a round trip on a busy one.
 
@@ -63,11 +70,25 @@ def postgres_engine(url: URL) -> AsyncEngine:
     driver already saw the socket close. One that sat idle for more than `PING_AFTER_IDLE_SECONDS`
     is pinged first, since a connection dropped without a word (a firewall's idle timeout) looks
     open until used. `pool_pre_ping` would add that round trip to every operation.
+
+    The URL's `POSTGRES_TIMEOUTS` parameters become asyncpg's; `ValueError` if one is not a
+    positive number of seconds.
     """
-    engine = create_async_engine(url)
+    timeouts = {name: _seconds(name, url.query[name]) for name in POSTGRES_TIMEOUTS if name in url.query}
+    engine = create_async_engine(url.difference_update_query(POSTGRES_TIMEOUTS), connect_args=timeouts)
     event.listen(engine.sync_engine.pool, 'checkin', _note_idle_since)
     event.listen(engine.sync_engine.pool, 'checkout', _refuse_dead_connection)
     return engine
+
+
+def _seconds(name: str, value: str | tuple[str, ...]) -> float:
+    try:
+        seconds = float(value) if isinstance(value, str) else math.nan
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(f'the URL parameter {name} must be a positive number of seconds, got {value!r}')
+    return seconds
 
 
 def _note_idle_since(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
