@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from step_persistence.capability import SnapshotSaved, StepPersistence
     from step_persistence.collection import MediaCollection
     from step_persistence.copying import CopyReport, RunCopy, copy_runs
+    from step_persistence.errors import ErrorKind, classify_error
     from step_persistence.helpers import (
         RecoveryReport,
         annotate_tool_effect,
@@ -45,6 +46,8 @@ _MODULES: dict[str, str] = {
     'CopyReport': 'step_persistence.copying',
     'RunCopy': 'step_persistence.copying',
     'copy_runs': 'step_persistence.copying',
+    'ErrorKind': 'step_persistence.errors',
+    'classify_error': 'step_persistence.errors',
     'RecoveryReport': 'step_persistence.helpers',
     'annotate_tool_effect': 'step_persistence.helpers',
     'continue_run': 'step_persistence.helpers',
@@ -72,6 +75,7 @@ _MODULES: dict[str, str] = {
 __all__ = [
     'ContinuableSnapshot',
     'CopyReport',
+    'ErrorKind',
     'EventKind',
     'FileStepStore',
     'InMemoryStepStore',
@@ -92,6 +96,7 @@ __all__ = [
     'ToolEffectRecord',
     'ToolEffectStatus',
     'annotate_tool_effect',
+    'classify_error',
     'continue_run',
     'copy_runs',
     'fork_run',

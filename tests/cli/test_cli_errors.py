@@ -18,8 +18,8 @@ from sqlalchemy import create_engine, text
 
 from cli.console_script import cli
 from sql.databases import EmptyDatabase
-from step_persistence import PostgresStepStore, SqliteStepStore
-from step_persistence.cli._common import EXIT_DATABASE, EXIT_UNREACHABLE, classify_error, run
+from step_persistence import PostgresStepStore, SqliteStepStore, classify_error
+from step_persistence.cli._common import EXIT_DATABASE, EXIT_UNREACHABLE, run
 
 pytestmark = pytest.mark.anyio
 

@@ -27,11 +27,11 @@ from step_persistence import (
     PostgresStepStore,
     StepPersistence,
     StepStore,
+    classify_error,
     continue_run,
     inspect_recovery,
     is_provider_valid,
 )
-from step_persistence.cli._common import classify_error
 
 pytestmark = pytest.mark.anyio
 

@@ -17,8 +17,7 @@ from sqlalchemy.exc import DBAPIError
 
 import step_persistence.stores.sql.engines as engines
 from servers.postgres import PostgresServer
-from step_persistence import PostgresStepStore, RunRecord, StepEvent
-from step_persistence.cli._common import classify_error
+from step_persistence import PostgresStepStore, RunRecord, StepEvent, classify_error
 
 pytestmark = pytest.mark.anyio
 
