@@ -16,7 +16,7 @@ import typer
 from pymongo import AsyncMongoClient
 from sqlalchemy import create_engine, text
 
-from cli.console_script import cli
+from cli.console_script import cli, console_script
 from sql.databases import EmptyDatabase
 from step_persistence import PostgresStepStore, SqliteStepStore, classify_error
 from step_persistence.cli._common import EXIT_DATABASE, EXIT_UNREACHABLE, run
@@ -123,10 +123,10 @@ def test_run_gives_each_its_exit_code(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_console_script_reports_a_database_without_tables(tmp_path: Path) -> None:
     """A database stamped at the newest revision but holding no tables: not an unreachable server."""
     store = f'sqlite:///{tmp_path / "stamped.db"}'
-    cli('db', 'stamp', 'head', '--store', store)
+    console_script('db', 'stamp', 'head', '--store', store)
     for command in (['runs', 'list'], ['prune', '--older-than', '1d'], ['copy', store, f'file://{tmp_path / "A"}']):
         args = [*command, '--store', store] if command[0] != 'copy' else command
-        failed = cli(*args, expect=EXIT_DATABASE)
+        failed = console_script(*args, expect=EXIT_DATABASE)
         assert 'no such table' in failed.stderr and 'cannot reach' not in failed.stderr, command
 
 
