@@ -12,6 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, StrictInt
+
 from step_persistence.records import SNAPSHOT_STATES, ContinuableSnapshot, RunRecord, SnapshotState
 
 __all__ = [
@@ -44,13 +46,18 @@ def dump_run_file(record: RunRecord, registered_ns: int) -> bytes:
     return _indented({'run': record.model_dump(mode='json'), 'registered_ns': registered_ns})
 
 
+class _RunFile(BaseModel):
+    model_config = ConfigDict(extra='forbid')
+
+    run: RunRecord
+    registered_ns: StrictInt
+
+
 def load_run_file(data: bytes) -> tuple[RunRecord, int]:
-    """The record and registration stamp of a `run.json`."""
-    value = json_object(data, 'run.json')
-    registered_ns = value.get('registered_ns')
-    if not isinstance(registered_ns, int):
-        raise ValueError(f'run.json has no integer registered_ns: {registered_ns!r}')
-    return RunRecord.model_validate(value.get('run')), registered_ns
+    """The record and registration stamp of a `run.json`; `ValueError` (a pydantic `ValidationError`)
+    naming the field for anything malformed."""
+    loaded = _RunFile.model_validate_json(data)
+    return loaded.run, loaded.registered_ns
 
 
 def natural_number(value: object, what: str) -> int:

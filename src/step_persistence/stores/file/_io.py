@@ -40,11 +40,11 @@ class FileIo:
             self.counters.bytes_read += read
             self.counters.bytes_written += written
 
-    def read_all(self, path: Path) -> bytes:
+    def read_all(self, path: str | Path) -> bytes:
         """The whole content of `path`."""
         return self.read_from(path, 0)[1]
 
-    def read_from(self, path: Path, offset: int) -> tuple[int, bytes]:
+    def read_from(self, path: str | Path, offset: int) -> tuple[int, bytes]:
         """`(size of the file, its bytes from offset to the end)`; nothing is read when offset >= size."""
         fd = os.open(path, os.O_RDONLY)
         try:

@@ -27,6 +27,7 @@ from step_persistence.run_ids import validate_path_safe_run_id
 __all__ = [
     'MEDIA_DIRECTORY_NAME',
     'RESERVED_NAMES',
+    'RUN_FILE_NAME',
     'WORK_DIRECTORY_NAME',
     'RunPaths',
     'is_run_directory_name',
@@ -38,6 +39,8 @@ MEDIA_DIRECTORY_NAME = '@media'
 WORK_DIRECTORY_NAME = '@tmp'
 """Directory under the store's root where registrations are staged and deleted runs are removed."""
 RESERVED_NAMES = frozenset({MEDIA_DIRECTORY_NAME, WORK_DIRECTORY_NAME})
+RUN_FILE_NAME = 'run.json'
+"""A run's record, in its directory."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +51,7 @@ class RunPaths:
 
     @property
     def run_file(self) -> Path:
-        return self.directory / 'run.json'
+        return self.directory / RUN_FILE_NAME
 
     @property
     def lock_file(self) -> Path:
