@@ -1,8 +1,10 @@
-"""A cancelled caller on an application's aiosqlite engine: its operation finishes, its connection survives.
+"""A caller cancelled while its SQL operation is in flight.
 
-aiosqlite's connections do not survive a statement interrupted by a cancellation: SQLAlchemy
-invalidates them, and the close it starts can leave a task that the event loop waits for forever
-when it shuts down. The SQL store lets the operation in flight finish instead.
+On an application's aiosqlite engine the operation finishes and its connection survives:
+aiosqlite's connections do not survive a statement interrupted by a cancellation (SQLAlchemy
+invalidates them, and the close it starts can leave a task that the event loop waits for
+forever when it shuts down). On PostgreSQL the operation is interrupted: it rolls back whole,
+its connection is dropped, and the store goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pydantic_ai.messages import ModelRequest, UserPromptPart
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
+from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
 from step_persistence.testing.conformance import T0
 
@@ -90,4 +93,29 @@ async def test_an_asyncio_cancellation_is_raised_once_the_save_has_committed(eng
             await saving
         assert [s.seq for s in await store.list_snapshots(run_id='r')] == [1]
     assert dropped == [], 'no connection was interrupted'
+    assert started_since(running) == set(), 'no task was left behind'
+
+
+async def test_a_cancelled_postgres_save_rolls_back_whole_and_the_store_goes_on(
+    postgres_database: EmptyDatabase,
+) -> None:
+    engine = create_async_engine(postgres_database.url)
+    dropped, running = invalidations(engine), asyncio.all_tasks()
+    try:
+        async with SqlStepStore(engine) as store:
+            await store.migrate()
+            await store.register_run(RunRecord(run_id='r'))
+            with anyio.CancelScope() as scope:
+                on_first_insert(engine, scope.cancel)
+                await store.save_snapshot(SNAPSHOT)
+            assert scope.cancelled_caught
+            assert await store.list_snapshots(run_id='r') == [], 'the interrupted save left nothing'
+            await store.save_snapshot(SNAPSHOT)
+            assert [s.seq for s in await store.list_snapshots(run_id='r')] == [1]
+        assert len(dropped) == 1, 'the interrupted connection was dropped'
+    finally:
+        await engine.dispose()
+    closing = started_since(running)  # SQLAlchemy closes a dropped asyncpg connection within its 2 s timeout
+    if closing:
+        await asyncio.wait(closing, timeout=10)
     assert started_since(running) == set(), 'no task was left behind'
