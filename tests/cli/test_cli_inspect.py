@@ -109,6 +109,8 @@ def test_bad_store_url_is_a_usage_error() -> None:
     bad = cli('runs', 'list', '--store', 'oracle://scott:tiger@db/x', expect=2)
     assert 'oracle' in bad.stderr and 'supported' in bad.stderr
     assert 'tiger' not in bad.stderr
+    timeout = cli('runs', 'list', '--store', 'postgresql://scott:tiger@db/x?timeout=soon', expect=2)
+    assert 'timeout must be a positive number of seconds' in timeout.stderr and 'tiger' not in timeout.stderr
 
 
 def test_unreachable_server_is_reported() -> None:
