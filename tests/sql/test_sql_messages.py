@@ -235,3 +235,24 @@ async def test_a_snapshot_whose_new_messages_were_expected_updates_the_run_row_o
     assert len(updates) == steps
     found = await stored(empty_database.url, 'reserved')
     assert found.references == [(2 * step + 1, 2 * step + 1) for step in range(1, steps + 1)]
+
+
+async def test_a_keyed_snapshot_claims_its_key_and_allocates_in_one_postgres_statement(
+    postgres_database: EmptyDatabase,
+) -> None:
+    engine = create_async_engine(postgres_database.url)
+    claims, combined = statements_sent(engine, 'INSERT INTO snapshot_keys'), statements_sent(engine, 'WITH claimed')
+    history = sample_history(2, tag='keyed')
+    try:
+        async with SqlStepStore(engine) as store:
+            await store.register_run(RunRecord(run_id='keyed'))
+            for step, key in ((1, 'a'), (2, 'a'), (2, 'b')):
+                keyed = ContinuableSnapshot(run_id='keyed', step_index=step, messages=history, idempotency_key=key)
+                await store.save_snapshot(keyed)
+            saved = await store.list_snapshots(run_id='keyed')
+            with pytest.raises(LookupError, match='not registered'):
+                await store.save_snapshot(keyed.model_copy(update={'run_id': 'unknown'}))
+    finally:
+        await engine.dispose()
+    assert [(s.seq, s.step_index, s.idempotency_key) for s in saved] == [(1, 1, 'a'), (2, 2, 'b')]
+    assert (len(claims), len(combined)) == (0, 4), 'one statement claims the key and allocates the number'

@@ -14,7 +14,19 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Integer, Table, bindparam, column, delete, func, literal_column, select, update, values
+from sqlalchemy import (
+    Integer,
+    Table,
+    bindparam,
+    column,
+    delete,
+    exists,
+    func,
+    literal_column,
+    select,
+    update,
+    values,
+)
 from sqlalchemy.sql import Delete
 
 from step_persistence.stores.sql import rows
@@ -99,6 +111,11 @@ class WriteStatements:
     allocate_snapshot: Prepared
     """Values `run` and `added`: takes the run's next `last_snapshot_seq`, reserves `added` message numbers,
     and returns the run's `id`, that sequence number and its new `last_message_no`."""
+    claim_and_allocate_snapshot: Prepared | None
+    """Where the dialect runs an `INSERT` inside a statement (PostgreSQL: `WITH ... INSERT ...
+    RETURNING`): `claim_snapshot_key` and then `allocate_snapshot` in one statement, values
+    `run`, `idempotency_key` and `added`. Returns `allocate_snapshot`'s row, or nothing when the
+    key was used already (or the run is not registered); `None` elsewhere."""
     insert_snapshot: Prepared
     """Values `rows.snapshot_values`."""
     insert_messages: Prepared
@@ -125,6 +142,20 @@ class WriteStatements:
         events_insert = _from_run(insert, events, rows.EVENT_FIELDS)
         effects_insert = _from_run(insert, tool_effects, rows.TOOL_EFFECT_FIELDS)
         excluded = effects_insert.excluded
+        claim_snapshot_key = _from_run(insert, snapshot_keys, ('run_id', 'idempotency_key')).on_conflict_do_nothing(
+            index_elements=[snapshot_keys.c.run_id, snapshot_keys.c.idempotency_key]
+        )
+        allocate_snapshot = (
+            update(runs)
+            .where(runs.c.run_id == bindparam(RUN_KEY))
+            .values(
+                last_snapshot_seq=runs.c.last_snapshot_seq + 1,
+                last_message_no=runs.c.last_message_no + bindparam('added', type_=Integer),
+            )
+            .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no)
+        )
+        claimed = claim_snapshot_key.returning(snapshot_keys.c.run_id).cte('claimed')
+        claim_and_allocate = allocate_snapshot.where(exists(select(claimed.c.run_id))).add_cte(claimed)
         return cls(
             register_run=Prepared(
                 insert(runs).on_conflict_do_nothing(index_elements=[runs.c.run_id]).returning(runs.c.id)
@@ -148,20 +179,9 @@ class WriteStatements:
                     },
                 )
             ),
-            claim_snapshot_key=Prepared(
-                _from_run(insert, snapshot_keys, ('run_id', 'idempotency_key')).on_conflict_do_nothing(
-                    index_elements=[snapshot_keys.c.run_id, snapshot_keys.c.idempotency_key]
-                )
-            ),
-            allocate_snapshot=Prepared(
-                update(runs)
-                .where(runs.c.run_id == bindparam(RUN_KEY))
-                .values(
-                    last_snapshot_seq=runs.c.last_snapshot_seq + 1,
-                    last_message_no=runs.c.last_message_no + bindparam('added', type_=Integer),
-                )
-                .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no)
-            ),
+            claim_snapshot_key=Prepared(claim_snapshot_key),
+            allocate_snapshot=Prepared(allocate_snapshot),
+            claim_and_allocate_snapshot=Prepared(claim_and_allocate) if dialect_name == 'postgresql' else None,
             insert_snapshot=Prepared(snapshots.insert()),
             insert_messages=Prepared(messages.insert()),
             advance_messages=Prepared(
