@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, StrictInt
 
 from step_persistence.records import SNAPSHOT_STATES, ContinuableSnapshot, RunRecord, SnapshotState
+from step_persistence.retention import validate_max_snapshots
 
 __all__ = [
     'HistoryRef',
@@ -136,9 +137,7 @@ def load_snapshot_journal_line(line: bytes) -> SnapshotEntry:
     seq, state, key = value.get('seq'), value.get('state'), value.get('idempotency_key')
     if not isinstance(seq, int) or isinstance(seq, bool) or seq < 1:
         raise ValueError(f'snapshot journal line has no valid seq: {seq!r}')
-    retain = value.get('retain')
-    if retain is not None and (not isinstance(retain, int) or isinstance(retain, bool) or retain < 1):
-        raise ValueError(f'snapshot journal line has an invalid retain {retain!r}')
+    retain = validate_max_snapshots(value.get('retain'))
     if state not in SNAPSHOT_STATES:
         raise ValueError(f'snapshot journal line has an unknown state {state!r}')
     if key is not None and not isinstance(key, str):

@@ -94,16 +94,18 @@ class Writes:
         run_id = snapshot.run_id
         allocation = {RUN_KEY: run_id, 'added': expected_rows}
         claim_and_allocate = self._statements.claim_and_allocate_snapshot
-        if snapshot.idempotency_key is not None and claim_and_allocate is not None:
+        if snapshot.idempotency_key is None:
+            allocated = transaction.execute(self._statements.allocate_snapshot, allocation).first()
+        elif claim_and_allocate is not None:
             key = {'idempotency_key': snapshot.idempotency_key}
             allocated = transaction.execute(claim_and_allocate, {**allocation, **key}).first()
             if allocated is None:
                 self._require_run(transaction, run_id)
                 return  # the run used this key already
-        else:
-            if snapshot.idempotency_key is not None and not self._claim_snapshot_key(transaction, snapshot):
-                return
+        elif self._claim_snapshot_key(transaction, snapshot):
             allocated = transaction.execute(self._statements.allocate_snapshot, allocation).first()
+        else:
+            return  # the run used this key already
         if allocated is None:
             raise LookupError(f'run {run_id!r} is not registered')
         run_pk, seq, reserved_through = allocated
