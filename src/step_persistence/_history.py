@@ -14,7 +14,6 @@ import json
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from itertools import compress
 from typing import Any
 
 import pydantic
@@ -33,7 +32,6 @@ __all__ = [
     'EncodedMessage',
     'HistoryEncoder',
     'answered_call_ids',
-    'changed_positions',
     'decode_messages',
     'encode_message',
     'encode_messages',
@@ -146,18 +144,3 @@ class HistoryEncoder:
         for message in messages[settled:]:
             _follow(pending, message)
         return EncodedHistory(messages=self._prefix_encoded + newest, unanswered=tuple(pending))
-
-
-def changed_positions(digests: Sequence[str], latest: Sequence[str | None]) -> list[int]:
-    """Positions of a history whose message digest differs from `latest` (the newest stored per position).
-
-    Positions beyond `latest` are all new. Stores that keep one row or line per version of each
-    history position write exactly these. The common prefix is compared in C first, so when only
-    the tail of a long history changed the cost is a fast list comparison, not a Python loop.
-    """
-    common = min(len(digests), len(latest))
-    changed: list[int] = []
-    if list(digests[:common]) != list(latest[:common]):
-        changed.extend(compress(range(common), map(operator.ne, digests, latest)))
-    changed.extend(range(common, len(digests)))
-    return changed

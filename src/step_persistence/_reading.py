@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from functools import partial
 from typing import TypeVar
 
-__all__ = ['logger', 'read_or_skip', 'read_or_skip_async']
+__all__ = ['logger', 'read_each', 'read_or_skip', 'read_or_skip_async']
 
 logger = logging.getLogger('step_persistence')
 
+S = TypeVar('S')
 T = TypeVar('T')
 
 
@@ -29,3 +31,10 @@ async def read_or_skip_async(description: str, build: Callable[[], Awaitable[T]]
     except Exception as error:
         logger.warning('skipping unreadable %s: %r', description, error)
         return None
+
+
+def read_each(items: Iterable[S], describe: Callable[[S], str], build: Callable[[S], T]) -> list[T]:
+    """`build(item)` of every item that can be read, in order; each one that cannot is logged (named by
+    `describe(item)`) and skipped, so one damaged item never hides the others."""
+    built = (read_or_skip(describe(item), partial(build, item)) for item in items)
+    return [value for value in built if value is not None]

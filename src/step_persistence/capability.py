@@ -27,6 +27,7 @@ from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext, ToolDefinition
 
 from step_persistence._active import ACTIVE_RUN, ActiveRun
+from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence.helpers import unanswered_tool_call_ids
 from step_persistence.protocol import StepStore, batch_writer, write_steps
@@ -109,7 +110,6 @@ class _RunState:
         return base if count == 0 else f'{base}:{count}'
 
 
-_T = TypeVar('_T')
 _F = TypeVar('_F', bound=Callable[..., Any])
 
 
@@ -121,27 +121,6 @@ def _signature_computed_once(function: _F) -> _F:
     """
     function.__signature__ = inspect.signature(function)  # type: ignore[attr-defined]
     return function
-
-
-async def _uncancellable(awaitable: Awaitable[_T]) -> _T:
-    """Await `awaitable` to its end even if the caller is cancelled meanwhile, then honour the cancellation.
-
-    A store write abandoned by a cancelled caller may still complete later, on another connection
-    or thread, after a write the caller makes next: writes of one run must land in order.
-    """
-    task = asyncio.ensure_future(awaitable)
-    cancellation: asyncio.CancelledError | None = None
-    while True:
-        try:
-            result = await asyncio.shield(task)
-        except asyncio.CancelledError as error:
-            if task.done():
-                raise
-            cancellation = error
-            continue
-        if cancellation is not None:
-            raise cancellation
-        return result
 
 
 async def register_run_once(store: StepStore, record: RunRecord) -> None:
@@ -280,7 +259,7 @@ class StepPersistence(AbstractCapability[Any]):
                     await self._persist_writes(ctx, writes)
                 return writes
 
-        written = await _uncancellable(flush())
+        written = await run_to_completion(flush())
         for snapshot in written.snapshots:
             await ctx.emit(
                 SnapshotSaved(

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable
 from datetime import datetime
 
+from step_persistence._delegation import DelegationWalk
 from step_persistence.protocol import StepStore
 from step_persistence.records import RUN_STATUSES, RunRecord, RunStatus, require_utc, utc_now
 from step_persistence.status import run_status
@@ -35,23 +36,14 @@ async def delegated_run_ids(
         for record in every_run:
             if record.parent_run_id is not None:
                 children.setdefault(record.parent_run_id, []).append(record.run_id)
-    seen = {run_id}
-    found: list[str] = []
-    level = [run_id]
-    while level:
-        next_level: list[str] = []
-        for parent in level:
-            if children is not None:
-                found_children = children.get(parent, [])
-            else:
-                found_children = [child.run_id for child in await store.list_runs(parent_run_id=parent)]
-            for child in found_children:
-                if child not in seen:
-                    seen.add(child)
-                    next_level.append(child)
-        found.extend(next_level)
-        level = next_level
-    return found
+    walk = DelegationWalk(run_id)
+    while walk.level:
+        if children is not None:
+            walk.add_children(child for parent in walk.level for child in children.get(parent, []))
+        else:
+            listed = [await store.list_runs(parent_run_id=parent) for parent in walk.level]
+            walk.add_children(record.run_id for records in listed for record in records)
+    return walk.found
 
 
 async def delete_delegated_runs(

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote
 
+from step_persistence._urls import redact_url, url_scheme
 from step_persistence.protocol import StepStore
 
 __all__ = ['from_spec', 'redact_url', 'supported_backends']
-
-_CREDENTIALS = re.compile(r'(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<user>[^:/@?#]*):[^@/?#]*@')
-
-
-def redact_url(url: str) -> str:
-    """`url` with any password replaced by `***`, for logs and error messages."""
-    return _CREDENTIALS.sub(lambda match: f'{match["scheme"]}{match["user"]}:***@', url)
 
 
 def _memory(url: str | None, options: dict[str, Any]) -> StepStore:
@@ -116,9 +109,9 @@ def from_spec(backend: str = 'memory', **options: Any) -> StepStore:
     """
     url: str | None = None
     name = backend
-    if '://' in backend:
+    scheme = url_scheme(backend)
+    if scheme is not None:
         url = backend
-        scheme = backend.split('://', 1)[0].split('+', 1)[0].lower()
         if scheme not in _URL_SCHEMES:
             raise ValueError(
                 f'unsupported store URL scheme {scheme!r}; supported schemes: {", ".join(sorted(_URL_SCHEMES))}'

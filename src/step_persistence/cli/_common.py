@@ -17,9 +17,10 @@ from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 
+from step_persistence._urls import redact_text, redact_url
 from step_persistence.errors import classify_error, driver_message
 from step_persistence.protocol import StepStore
-from step_persistence.spec import from_spec, redact_url
+from step_persistence.spec import from_spec
 
 __all__ = [
     'EXIT_DATABASE',
@@ -144,7 +145,7 @@ async def open_store(url: str) -> AsyncIterator[StepStore]:
     try:
         store = from_spec(url)
     except (ValueError, ImportError) as error:
-        fail(f'cannot open store {redact_url(url)!r}: {error}', EXIT_USAGE)
+        fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
     async with store:
         yield store
 
@@ -158,7 +159,7 @@ def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     except Exception as error:
         kind = classify_error(error)
         if kind == 'unreachable':
-            fail(f'cannot reach the store: {redact_url(str(error))}', EXIT_UNREACHABLE)
+            fail(f'cannot reach the store: {redact_text(str(error))}', EXIT_UNREACHABLE)
         if kind == 'database':
-            fail(f'the database refused the operation: {redact_url(driver_message(error))}', EXIT_DATABASE)
+            fail(f'the database refused the operation: {redact_text(driver_message(error))}', EXIT_DATABASE)
         raise

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from step_persistence._urls import redact_text, redact_url, url_scheme
 from step_persistence.cli._common import (
     DEFAULT_STORE,
     EXIT_USAGE,
@@ -22,7 +23,6 @@ from step_persistence.cli._common import (
     print_json,
     run,
 )
-from step_persistence.spec import redact_url
 
 if TYPE_CHECKING:
     from step_persistence.stores.sql.database import Database
@@ -48,7 +48,7 @@ def _database(url: str, schema: str | None) -> Database:
     """The database at `url`, or a usage error for a URL that names no SQL store."""
     from step_persistence.stores.sql.database import Database
 
-    scheme = url.partition('://')[0].partition('+')[0].lower()
+    scheme = url_scheme(url)
     if scheme not in _SQL_SCHEMES:
         fail(
             f'db commands manage the schema of SQL stores (sqlite:///runs.db, postgresql://...); '
@@ -60,7 +60,7 @@ def _database(url: str, schema: str | None) -> Database:
     try:
         return Database.from_url(url, schema=schema)
     except (ValueError, ImportError) as error:
-        fail(f'cannot open store {redact_url(url)!r}: {error}', EXIT_USAGE)
+        fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
 
 
 async def _attempt(action: Action, database: Database) -> tuple[str, int] | None:

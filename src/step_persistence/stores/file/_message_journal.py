@@ -15,8 +15,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from operator import attrgetter
 
-from step_persistence._history import EncodedMessage, changed_positions
+from step_persistence._history import EncodedMessage
 from step_persistence.stores._media import PackedMessage
+from step_persistence.stores._positions import changed_positions
 from step_persistence.stores.file._codec import HistoryRef
 from step_persistence.stores.file._io import FileIo, Span
 from step_persistence.stores.file._journal import Journal

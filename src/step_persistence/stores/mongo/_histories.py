@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from step_persistence._history import EncodedMessage, changed_positions
+from step_persistence._history import EncodedMessage
 from step_persistence.stores._media import PackedMessage
+from step_persistence.stores._positions import changed_positions
 from step_persistence.stores.mongo._heads import RunHead
 from step_persistence.stores.mongo._messages import MessageStore, message_document
 

@@ -9,6 +9,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.sql.expression import TableClause
 
+from step_persistence._urls import redact_url
+
 DialectInsert = sqlite.Insert | postgresql.Insert
 
 __all__ = [
@@ -30,11 +32,8 @@ def _supported() -> str:
 
 
 def redact(url: str | URL) -> str:
-    """The URL as text with any password masked, for errors and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:
-        return '<unparseable database URL>'
+    """The URL as text with every password masked (`step_persistence._urls.redact_url`), for errors and logs."""
+    return redact_url(url if isinstance(url, str) else url.render_as_string(hide_password=False))
 
 
 def check_dialect(dialect_name: str, driver: str, *, where: str) -> None:

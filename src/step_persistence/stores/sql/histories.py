@@ -32,11 +32,12 @@ from typing import Any
 from pydantic_ai.messages import ModelMessage
 from sqlalchemy import Text, and_, bindparam, cast, func, select
 
-from step_persistence._history import EncodedMessage, changed_positions, decode_messages
+from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence.media.protocol import MediaStore
 from step_persistence.media.walker import MARKER_KEY
 from step_persistence.records import ContinuableSnapshot
 from step_persistence.stores._media import MessageMedia, PackedMessage
+from step_persistence.stores._positions import changed_positions
 from step_persistence.stores.sql.blobs import BlobWriter, StagedBlobs
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction

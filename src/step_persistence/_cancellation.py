@@ -1,0 +1,43 @@
+"""Finishing an operation whatever happens to its caller: the one shield every writer uses.
+
+A store write abandoned by a cancelled caller could still complete later (on another thread,
+connection or server), after the write its caller makes next, so writes of one run would land
+out of order and nobody would know whether the first one happened. Every place that must not
+abandon a write awaits it through `run_to_completion`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import anyio
+
+__all__ = ['run_to_completion']
+
+T = TypeVar('T')
+
+
+async def run_to_completion(operation: Awaitable[T]) -> T:
+    """The outcome of `operation`, awaited to its end even if the caller is cancelled meanwhile.
+
+    If the caller was cancelled (an asyncio `Task.cancel`, `asyncio.timeout`, however many times)
+    while `operation` ran, that cancellation is raised once `operation` has ended, and the
+    operation's own result or error is dropped. An anyio cancel scope's cancellation reaches the
+    caller at its next checkpoint after this returns. `operation` may be a coroutine, a task or a
+    future (one completed from another thread, for instance).
+    """
+    task = asyncio.ensure_future(operation)
+    cancellation: asyncio.CancelledError | None = None
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            try:
+                await asyncio.wait((task,))
+            except asyncio.CancelledError as error:
+                cancellation = error
+    if cancellation is not None:
+        if not task.cancelled():
+            task.exception()  # retrieved: the caller sees its cancellation, not the operation's outcome
+        raise cancellation
+    return task.result()
