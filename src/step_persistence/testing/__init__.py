@@ -25,6 +25,6 @@ subclass as `divergences = {'test_name': 'reason'}` and run as strict expected f
 Requires `pytest` and `anyio` (the suite's async tests use anyio's pytest plugin).
 """
 
-from step_persistence.testing.conformance import StepStoreConformance, StoreFactory
+from step_persistence.testing.conformance import StepStoreConformance, StoreFactory, sample_history
 
-__all__ = ['StepStoreConformance', 'StoreFactory']
+__all__ = ['StepStoreConformance', 'StoreFactory', 'sample_history']
