@@ -15,7 +15,7 @@ from step_persistence import (
     ToolEffectRecord,
 )
 from step_persistence.capability import register_run_once
-from step_persistence.collection import MediaCollection
+from step_persistence.reclaiming import MediaCollection
 
 
 @dataclass

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from step_persistence.capability import SnapshotSaved, StepPersistence
-    from step_persistence.collection import MediaCollection
     from step_persistence.copying import CopyReport, RunCopy, copy_runs
     from step_persistence.errors import ErrorKind, classify_error
     from step_persistence.helpers import (
@@ -23,6 +22,7 @@ if TYPE_CHECKING:
         is_provider_valid,
     )
     from step_persistence.protocol import StepStore
+    from step_persistence.reclaiming import MediaCollection
     from step_persistence.records import (
         ContinuableSnapshot,
         EventKind,
@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 _MODULES: dict[str, str] = {
     'SnapshotSaved': 'step_persistence.capability',
     'StepPersistence': 'step_persistence.capability',
-    'MediaCollection': 'step_persistence.collection',
+    'MediaCollection': 'step_persistence.reclaiming',
     'CopyReport': 'step_persistence.copying',
     'RunCopy': 'step_persistence.copying',
     'copy_runs': 'step_persistence.copying',

@@ -17,7 +17,7 @@ from step_persistence.records import (
 )
 
 if TYPE_CHECKING:
-    from step_persistence.collection import MediaCollection
+    from step_persistence.reclaiming import MediaCollection
 
 __all__ = ['BatchingStepStore', 'StepStore', 'batch_writer', 'write_each', 'write_steps']
 

@@ -22,9 +22,9 @@ from step_persistence.cli._common import (
     run,
     warn,
 )
-from step_persistence.collection import MediaCollection
 from step_persistence.lifecycle import prunable_runs
 from step_persistence.media.clock import REUSE_WINDOW
+from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import RUN_STATUSES, RunStatus
 
 __all__ = ['gc', 'prune']

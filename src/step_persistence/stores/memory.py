@@ -11,8 +11,8 @@ from typing import Self
 
 from step_persistence import lifecycle
 from step_persistence._history import EncodedMessage, decode_messages
-from step_persistence.collection import MediaCollection, validate_grace
 from step_persistence.protocol import write_each
+from step_persistence.reclaiming import MediaCollection, validate_grace
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,

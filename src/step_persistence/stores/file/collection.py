@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
-from step_persistence.collection import MediaCollection, collect_blobs, uris_in, validate_grace
+from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.stores.file._codec import load_snapshot_file
 from step_persistence.stores.file._index import RunIndex
 from step_persistence.stores.file._journal import read_lines

@@ -22,10 +22,10 @@ import anyio.to_thread
 from step_persistence import lifecycle
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence._reading import read_or_skip
-from step_persistence.collection import MediaCollection
 from step_persistence.media.disk import DiskMediaStore
 from step_persistence.media.protocol import MediaStore
 from step_persistence.protocol import write_each
+from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
@@ -38,7 +38,7 @@ from step_persistence.records import (
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._idempotency import first_per_key
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
-from step_persistence.stores._ordering import RunTurns
+from step_persistence.stores._turns import RunTurns
 from step_persistence.stores.file import collection as file_collection
 from step_persistence.stores.file._codec import (
     SnapshotEntry,

@@ -23,8 +23,8 @@ from typing import Any
 
 from bson import ObjectId
 
-from step_persistence.collection import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.media.protocol import MediaStore
+from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.records import utc_now
 from step_persistence.stores.mongo._client import Database
 

@@ -18,7 +18,7 @@ from contextlib import AsyncExitStack
 from typing import Any, TypeVar
 
 from step_persistence._reading import logger
-from step_persistence.stores._ordering import RunTurns
+from step_persistence.stores._turns import RunTurns
 
 __all__ = ['RunOrder']
 

@@ -18,8 +18,8 @@ from datetime import timedelta
 
 from sqlalchemy import Delete, Text, and_, cast, delete, exists, func, select
 
-from step_persistence.collection import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.media.protocol import MediaStore
+from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import messages, snapshots

@@ -22,8 +22,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from step_persistence import lifecycle
 from step_persistence._reading import read_or_skip, read_or_skip_async
-from step_persistence.collection import MediaCollection
 from step_persistence.media.protocol import MediaStore
+from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,

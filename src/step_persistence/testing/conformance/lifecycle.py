@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
-from step_persistence.collection import MediaCollection
 from step_persistence.media.clock import REUSE_WINDOW, advanced_media_clock
 from step_persistence.protocol import StepStore
+from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import RunRecord, StepEvent, utc_now
 from step_persistence.testing.conformance.shared import T0, ConformanceBase, StoreFactory, _dump, _effect, _snapshot
 
