@@ -11,7 +11,7 @@ PYTEST_ARGS ?= -n 2 --dist worksteal
 uv:
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
 
-# PostgreSQL binaries for the test session's throwaway cluster (tests/servers/postgres.py starts it).
+# PostgreSQL binaries for the test session's throwaway cluster (tests/support/servers/postgres.py starts it).
 # Debian's package would start its own cluster on 5432 unless told not to create one.
 postgres:
 	@if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then \

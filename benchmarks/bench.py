@@ -2,7 +2,7 @@
 
 Run from the repository root with `make bench` (or `cd benchmarks && uv run python bench.py`).
 It starts its own PostgreSQL cluster and SecantusDB (MongoDB wire) server the way the test
-suite does (tests/servers), measures, and writes `benchmarks/RESULTS.md`.
+suite does (tests/support/servers), measures, and writes `benchmarks/RESULTS.md`.
 
 The comparator, `pydantic-ai-harness`, is used as a black box: its capability built from its
 stores, and its stores' public methods, nothing else. Both libraries run in the same process, on
@@ -50,7 +50,7 @@ from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, Tool
 from pydantic_ai.usage import UsageLimits  # noqa: E402
 
 import step_persistence as ours  # noqa: E402
-from scripted import calls, scripted, text  # noqa: E402
+from support.scripted import calls, scripted, text  # noqa: E402
 
 theirs: Any = None
 try:
@@ -68,7 +68,7 @@ TOOL_RESULT = 'lorem ipsum ' * 20
 
 
 class _TempPaths:
-    """The one method of pytest's `tmp_path_factory` that tests/servers/mongo.py uses."""
+    """The one method of pytest's `tmp_path_factory` that tests/support/servers/mongo.py uses."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -105,12 +105,12 @@ def servers(root: Path, *, postgres: bool, mongo: bool) -> Iterator[Servers]:
     found = Servers()
     with contextlib.ExitStack() as stack:
         if postgres:
-            from servers.postgres import postgres_server
+            from support.servers.postgres import postgres_server
 
             server = stack.enter_context(contextlib.contextmanager(postgres_server.__wrapped__)())
             found.postgres_port = server.port
         if mongo:
-            from servers.mongo import mongo_server
+            from support.servers.mongo import mongo_server
 
             mongo_server_ = stack.enter_context(contextlib.contextmanager(mongo_server.__wrapped__)(_TempPaths(root)))
             found.mongo_uri = mongo_server_.uri
@@ -663,7 +663,7 @@ def machine_lines(arguments: argparse.Namespace, found: Servers, started: float,
         f'step-persistence {_version("step-persistence")}; pydantic-ai-harness {_version("pydantic-ai-harness")}; '
         f'SQLAlchemy {_version("sqlalchemy")}; SQLite {sqlite3.sqlite_version}; asyncpg {_version("asyncpg")}; '
         f'pymongo {_version("pymongo")}',
-        f'- PostgreSQL {found.postgres_version} (throwaway cluster as in tests/servers: fsync=off, '
+        f'- PostgreSQL {found.postgres_version} (throwaway cluster as in tests/support/servers: fsync=off, '
         'synchronous_commit=off, on tmpfs); MongoDB wire: ' + found.mongo_version,
         f'- Command: `{" ".join(["python", "benchmarks/bench.py", *sys.argv[1:]])}` (`make bench`), '
         f'{time.time() - started:.0f} s, {time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}',

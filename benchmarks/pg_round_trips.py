@@ -3,7 +3,7 @@
 A `FunctionModel`-style scripted agent makes K sequential tool calls with `StepPersistence` on a
 `SqlStepStore` sharing an application engine, so every statement goes through SQLAlchemy Core,
 whose `begin`, `commit` and `before_cursor_execute` events count them. Starts a throwaway
-PostgreSQL cluster as the test suite does (tests/servers/postgres.py).
+PostgreSQL cluster as the test suite does (tests/support/servers/postgres.py).
 
     cd benchmarks && uv run python pg_round_trips.py [--steps 20]
 """
@@ -24,8 +24,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
 
-from scripted import calls, scripted, text  # noqa: E402
-from servers.postgres import postgres_server  # noqa: E402
+from support.scripted import calls, scripted, text  # noqa: E402
+from support.servers.postgres import postgres_server  # noqa: E402
 
 from step_persistence import SqlStepStore, StepPersistence  # noqa: E402
 

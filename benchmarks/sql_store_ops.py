@@ -21,7 +21,7 @@ Three measurements, printed as Markdown tables:
                                        [--profile sqlite-agent.prof]
 
 Without `--postgres-url`, a throwaway PostgreSQL cluster is started as the test suite starts one
-(Debian's postgresql binaries, tests/servers/postgres.py).
+(Debian's postgresql binaries, tests/support/servers/postgres.py).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from pydantic_ai.usage import UsageLimits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
 
-from scripted import calls, scripted, text  # noqa: E402
+from support.scripted import calls, scripted, text  # noqa: E402
 
 from step_persistence import (  # noqa: E402
     ContinuableSnapshot,
@@ -292,7 +292,7 @@ async def postgres(url: str | None) -> AsyncIterator[str]:
     if url is not None:
         yield url
         return
-    from servers.postgres import postgres_server
+    from support.servers.postgres import postgres_server
 
     with contextlib.contextmanager(postgres_server.__wrapped__)() as server:
         name = await server.create_database()

@@ -4,10 +4,10 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from backends import BACKENDS, Backend, BackendSession, StoreMaker
-from servers.mongo import mongo_server
-from servers.postgres import postgres_server
-from sql.databases import empty_database, postgres_database
+from support.backends import BACKENDS, Backend, BackendSession, StoreMaker
+from support.databases import empty_database, postgres_database
+from support.servers.mongo import mongo_server
+from support.servers.postgres import postgres_server
 
 __all__ = ['empty_database', 'mongo_server', 'postgres_database', 'postgres_server']
 

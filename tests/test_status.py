@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from backends import StoreMaker
 from step_persistence import RunRecord, StepEvent, ToolEffectRecord
 from step_persistence.status import load_run_tree, run_status
+from support.backends import StoreMaker
 
 pytestmark = pytest.mark.anyio
 NOW = datetime(2026, 6, 1, 12, 0, tzinfo=UTC)

@@ -12,10 +12,10 @@ import pytest
 from pydantic_ai import Agent, ModelRetry
 from pydantic_ai.messages import ModelRequest, ToolReturnPart
 
-from backends import StoreMaker
-from recording import RecordingStore
-from scripted import calls, scripted, text
 from step_persistence import StepPersistence, StepStore, inspect_recovery
+from support.backends import StoreMaker
+from support.recording import RecordingStore
+from support.scripted import calls, scripted, text
 
 pytestmark = pytest.mark.anyio
 

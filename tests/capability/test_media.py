@@ -9,9 +9,9 @@ import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelMessagesTypeAdapter, ToolReturnPart
 
-from backends import Backend, BackendSession
-from scripted import calls, scripted, text, turn_step
 from step_persistence import InMemoryStepStore, StepPersistence
+from support.backends import Backend, BackendSession
+from support.scripted import calls, scripted, text, turn_step
 
 pytestmark = pytest.mark.anyio
 
@@ -61,6 +61,7 @@ async def test_large_payloads_are_stored_once_and_restored_exactly(
     if isinstance(store, InMemoryStepStore):
         return  # payloads stay inline in memory (specification, section 8)
     assert backend_session.count_media_blobs is not None, (
-        f'the {backend.name} backend must say how to count its media blobs (count_media_blobs in tests/backends.py)'
+        f'the {backend.name} backend must say how to count its media blobs '
+        '(count_media_blobs in tests/support/backends.py)'
     )
     assert await backend_session.count_media_blobs() == 2, 'the image and the report, once each, never pruned'

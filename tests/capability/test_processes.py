@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 from pydantic_ai import Agent
 
-from backends import BackendSession, spec_of
-from scripted import scripted, text
 from step_persistence import continue_run, from_spec, inspect_recovery, is_provider_valid
+from support.backends import BackendSession, spec_of
+from support.scripted import scripted, text
 
 pytestmark = pytest.mark.anyio
-CHILD = Path(__file__).with_name('child.py')
+CHILD = Path(__file__).resolve().parents[1] / 'support' / 'child.py'
 
 
 def run_child(scenario: str, spec: dict[str, Any], *, expect_exit: int = 0) -> dict[str, Any]:

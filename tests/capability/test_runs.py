@@ -10,8 +10,6 @@ from pydantic_ai import Agent, RunContext
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, ToolReturnPart
 
-from backends import StoreMaker
-from scripted import calls, scripted, text
 from step_persistence import (
     SnapshotSaved,
     StepPersistence,
@@ -24,6 +22,8 @@ from step_persistence import (
 )
 from step_persistence._history import encode_message
 from step_persistence.run_ids import validate_path_safe_run_id
+from support.backends import StoreMaker
+from support.scripted import calls, scripted, text
 
 pytestmark = pytest.mark.anyio
 
@@ -408,7 +408,7 @@ async def test_encoding_work_grows_with_new_messages_not_history(
 
 
 async def test_durable_replay_of_every_write_stores_nothing_twice(make_store: StoreMaker) -> None:
-    from recording import RecordingStore, replay, store_contents
+    from support.recording import RecordingStore, replay, store_contents
 
     inner = await make_store()
     store = RecordingStore(inner)

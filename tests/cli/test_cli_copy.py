@@ -25,12 +25,6 @@ import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import BinaryContent, ModelMessagesTypeAdapter
 
-from backends import _count_media_rows
-from cli.console_script import SCRIPT, cli
-from scripted import calls, scripted, text
-from servers.mongo import MongoServer
-from sql.databases import EmptyDatabase
-from sql.reporting_runs import populate
 from step_persistence import (
     ContinuableSnapshot,
     InMemoryStepStore,
@@ -42,6 +36,12 @@ from step_persistence import (
     copy_runs,
     from_spec,
 )
+from support.backends import _count_media_rows
+from support.console_script import SCRIPT, cli
+from support.databases import EmptyDatabase
+from support.reporting_runs import populate
+from support.scripted import calls, scripted, text
+from support.servers.mongo import MongoServer
 
 pytestmark = pytest.mark.anyio
 
@@ -64,7 +64,7 @@ async def _media_run(store: StepStore) -> None:
 
 
 async def write_runs(directory: Path) -> None:
-    """The runs of `sql/reporting_runs.py` and the media run, in a file store at `directory`."""
+    """The runs of `support/reporting_runs.py` and the media run, in a file store at `directory`."""
     spec = {'backend': 'file', 'directory': str(directory)}
     await populate(spec)
     async with from_spec(**spec) as store:

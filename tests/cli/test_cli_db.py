@@ -8,12 +8,12 @@ from typing import Any
 
 import pytest
 
-from cli.console_script import cli
-from sql.databases import EmptyDatabase
 from step_persistence import PostgresStepStore, RunRecord
 from step_persistence.stores.sql import TABLE_NAMES, VERSION_TABLE
 from step_persistence.stores.sql.migrate import head_revision
 from step_persistence.stores.sql.reporting import read_report
+from support.console_script import cli
+from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
 VIEWS = {'run_summary', 'tool_call_stats'}

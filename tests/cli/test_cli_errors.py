@@ -16,10 +16,10 @@ import typer
 from pymongo import AsyncMongoClient
 from sqlalchemy import create_engine, text
 
-from cli.console_script import cli, console_script
-from sql.databases import EmptyDatabase
 from step_persistence import PostgresStepStore, SqliteStepStore, classify_error
 from step_persistence.cli._common import EXIT_DATABASE, EXIT_UNREACHABLE, run
+from support.console_script import cli, console_script
+from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
 

@@ -12,11 +12,11 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from backends import BACKENDS, BackendSession, spec_of
-from cli.console_script import cli
+from support.backends import BACKENDS, BackendSession, spec_of
+from support.console_script import cli
 
 pytestmark = pytest.mark.anyio
-CHILD = Path(__file__).resolve().parents[1] / 'capability' / 'child.py'
+CHILD = Path(__file__).resolve().parents[1] / 'support' / 'child.py'
 
 
 def store_url(spec: dict[str, Any]) -> str:

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelRequest, UserPromptPart
 
-from backends import BACKENDS, BackendSession, spec_of
-from cli.console_script import cli
 from cli.test_cli_inspect import store_url
 from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, StepStore, from_spec
 from step_persistence.records import EventKind, utc_now
+from support.backends import BACKENDS, BackendSession, spec_of
+from support.console_script import cli
 
 pytestmark = pytest.mark.anyio
 

@@ -6,8 +6,8 @@ from collections.abc import Mapping
 
 import pytest
 
-from backends import Backend
 from step_persistence.testing import StepStoreConformance
+from support.backends import Backend
 
 
 class TestStepStore(StepStoreConformance):

@@ -3,9 +3,9 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from media_backends import MEDIA_BACKENDS, MediaBackend, MediaSession
 
-from servers.s3 import s3_server
+from support.media_backends import MEDIA_BACKENDS, MediaBackend, MediaSession
+from support.servers.s3 import s3_server
 
 __all__ = ['s3_server']
 

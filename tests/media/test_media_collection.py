@@ -6,7 +6,6 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
-from media_backends import MediaBackend, MediaSession
 from test_media_conformance import PORTABLE_METADATA, by_media_type
 
 from step_persistence.media import (
@@ -19,6 +18,7 @@ from step_persistence.media import (
     media_uri_for,
 )
 from step_persistence.media.clock import advanced_media_clock, media_now
+from support.media_backends import MediaBackend, MediaSession
 
 pytestmark = pytest.mark.anyio
 

@@ -7,7 +7,6 @@ from collections.abc import Mapping
 
 import anyio
 import pytest
-from media_backends import MediaBackend, MediaSession
 
 from step_persistence.media import (
     MediaContext,
@@ -19,6 +18,7 @@ from step_persistence.media import (
     parse_media_uri,
     restore_media,
 )
+from support.media_backends import MediaBackend, MediaSession
 
 pytestmark = pytest.mark.anyio
 

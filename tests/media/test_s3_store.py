@@ -11,11 +11,11 @@ from urllib.parse import urlsplit
 import anyio.to_thread
 import httpx2
 import pytest
-from flaky_proxy import flaky_proxy
 
-from servers.s3 import S3Server
 from step_persistence.media import MediaContext, S3MediaStore, media_uri_for
 from step_persistence.media.s3 import S3Error
+from support.flaky_proxy import flaky_proxy
+from support.servers.s3 import S3Server
 
 pytestmark = pytest.mark.anyio
 

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from counting_store import CountingMediaStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic_ai.messages import (
@@ -28,6 +27,7 @@ from pydantic_ai.messages import (
 
 from step_persistence.media import DiskMediaStore, externalize_media, media_uri_for, restore_media
 from step_persistence.media.walker import MARKER_KEY, MARKER_VERSION
+from support.counting_store import CountingMediaStore
 
 pytestmark = pytest.mark.anyio
 

@@ -7,12 +7,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from mongo_helpers import scratch, store_in
 
-from servers.mongo import MongoServer, Scratch
 from step_persistence import ContinuableSnapshot, MongoStepStore, RunRecord, SnapshotState, StepEvent
 from step_persistence.retention import retained_seqs
 from step_persistence.testing.conformance import sample_history
+from support.mongo_helpers import scratch, store_in
+from support.servers.mongo import MongoServer, Scratch
 
 __all__ = ['scratch']
 

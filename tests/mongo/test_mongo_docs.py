@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from pymongo import MongoClient
 
-from servers.mongo import MongoServer
+from support.servers.mongo import MongoServer
 
 PAGE = Path(__file__).resolve().parents[2] / 'docs' / 'mongo.md'
 EXAMPLE = re.compile(r'^```py\n(.*?)^```', re.MULTILINE | re.DOTALL)

@@ -7,12 +7,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from mongo_helpers import scratch, store_in
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
-from servers.mongo import Scratch
 from step_persistence import ContinuableSnapshot, RunRecord
 from step_persistence.stores.mongo import MAX_DOCUMENT_BYTES
+from support.mongo_helpers import scratch, store_in
+from support.servers.mongo import Scratch
 
 __all__ = ['scratch']
 

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from mongo_helpers import CommandLog, scratch, snapshot, store_in
 
-from servers.mongo import MongoServer, Scratch
 from step_persistence import MongoStepStore, RunRecord, StepEvent, ToolEffectRecord
 from step_persistence.stores.mongo import IndexCreationError
 from step_persistence.testing.conformance import sample_history
+from support.mongo_helpers import CommandLog, scratch, snapshot, store_in
+from support.servers.mongo import MongoServer, Scratch
 
 __all__ = ['scratch']
 

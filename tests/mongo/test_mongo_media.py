@@ -7,11 +7,11 @@ import os
 from typing import Any
 
 import pytest
-from mongo_helpers import CommandLog, scratch
 
-from servers.mongo import MongoServer, Scratch
 from step_persistence.media import MediaContext, media_uri_for
 from step_persistence.media.mongo import MAX_CHUNK_SIZE_BYTES, MongoMediaStore
+from support.mongo_helpers import CommandLog, scratch
+from support.servers.mongo import MongoServer, Scratch
 
 __all__ = ['scratch']
 

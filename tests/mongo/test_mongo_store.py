@@ -7,12 +7,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from mongo_helpers import any_scratch, scratch, snapshot, store_in
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 from pymongo import MongoClient
 from pymongo.errors import InvalidOperation
 
-from servers.mongo import MongoServer, Scratch
 from step_persistence import (
     ContinuableSnapshot,
     MongoStepStore,
@@ -23,6 +21,8 @@ from step_persistence import (
 )
 from step_persistence.media.mongo import MongoMediaStore
 from step_persistence.testing.conformance import sample_history
+from support.mongo_helpers import any_scratch, scratch, snapshot, store_in
+from support.servers.mongo import MongoServer, Scratch
 
 __all__ = ['any_scratch', 'scratch']
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from crash_driver import Zygote
+
+from support.crash_driver import Zygote
 
 
 @pytest.fixture(scope='session')

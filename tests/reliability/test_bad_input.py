@@ -2,7 +2,7 @@
 
 Each test keeps a sentinel run in the same store and checks after every example that it reads
 back exactly as written. Examples are derandomized (the same on every machine) and few, to keep
-the suite short; the per-backend tests in tests/stores, tests/sql, tests/mongo and tests/media go
+the suite short; the per-backend tests in tests/file_store, tests/sql, tests/mongo and tests/media go
 deeper on each backend.
 """
 
@@ -13,12 +13,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from crash_ledger import fingerprint
 from hypothesis import strategies as st
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, ToolCallPart, ToolReturnPart
-from reliability_helpers import for_examples, write_sentinel
 
-from backends import BACKENDS, BackendSession
 from step_persistence import (
     ContinuableSnapshot,
     FileStepStore,
@@ -27,6 +24,9 @@ from step_persistence import (
 )
 from step_persistence.media.walker import DEFAULT_THRESHOLD_BYTES, MARKER_KEY, MARKER_VERSION
 from step_persistence.testing.conformance import T0, sample_history
+from support.backends import BACKENDS, BackendSession
+from support.crash_ledger import fingerprint
+from support.reliability_helpers import for_examples, write_sentinel
 
 pytestmark = pytest.mark.anyio
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
-from crash_driver import Zygote
-from crash_ledger import fingerprint
-from crash_zygote import keyed_snapshot
 
-from backends import BACKENDS, spec_of
 from step_persistence import RunRecord, from_spec
 from step_persistence.testing.conformance import sample_history
+from support.backends import BACKENDS, spec_of
+from support.crash_driver import Zygote
+from support.crash_ledger import fingerprint
+from support.crash_zygote import keyed_snapshot
 
 pytestmark = pytest.mark.anyio
 

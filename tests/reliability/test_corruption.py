@@ -17,12 +17,9 @@ from typing import Any
 import anyio.to_thread
 import pytest
 from hypothesis import strategies as st
-from reliability_helpers import for_examples, write_sentinel
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from servers.mongo import MongoServer, Scratch
-from sql.databases import EmptyDatabase
 from step_persistence import (
     ContinuableSnapshot,
     FileStepStore,
@@ -35,6 +32,9 @@ from step_persistence import (
 )
 from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
 from step_persistence.testing.conformance import sample_history
+from support.databases import EmptyDatabase
+from support.reliability_helpers import for_examples, write_sentinel
+from support.servers.mongo import MongoServer, Scratch
 
 pytestmark = pytest.mark.anyio
 

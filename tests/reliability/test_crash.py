@@ -17,13 +17,13 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
-from crash_driver import ChildRun, Zygote
-from crash_ledger import RunLedger, StoreState, fingerprint, observe_store
 from pydantic_ai import Agent
 
-from backends import BACKENDS, spec_of
-from scripted import scripted, text
 from step_persistence import StepEvent, StepStore, continue_run, from_spec, inspect_recovery, is_provider_valid
+from support.backends import BACKENDS, spec_of
+from support.crash_driver import ChildRun, Zygote
+from support.crash_ledger import RunLedger, StoreState, fingerprint, observe_store
+from support.scripted import scripted, text
 
 pytestmark = pytest.mark.anyio
 

@@ -16,12 +16,9 @@ from typing import Any
 import anyio
 import anyio.to_thread
 import pytest
-from private_servers import PrivateMongo, PrivatePostgres
 from pydantic_ai import Agent
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from scripted import calls, scripted, text
-from servers import skip_if_opted_out
 from step_persistence import (
     MongoStepStore,
     PostgresStepStore,
@@ -32,6 +29,9 @@ from step_persistence import (
     inspect_recovery,
     is_provider_valid,
 )
+from support.private_servers import PrivateMongo, PrivatePostgres
+from support.scripted import calls, scripted, text
+from support.servers import skip_if_opted_out
 
 pytestmark = pytest.mark.anyio
 

@@ -13,10 +13,10 @@ import math
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.databases import EmptyDatabase, statements_sent
 from step_persistence import RunRecord, SqlStepStore, StepEvent
 from step_persistence.records import StepWrites
 from step_persistence.stores.sql.statements import EVENTS_PER_STATEMENT
+from support.databases import EmptyDatabase, statements_sent
 
 pytestmark = pytest.mark.anyio
 

@@ -21,9 +21,9 @@ from pydantic_ai.messages import ModelRequest, UserPromptPart
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
 from step_persistence.testing.conformance import T0
+from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
 

@@ -8,11 +8,11 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
 from step_persistence._history import encode_messages
 from step_persistence.stores.sql.schema import events, messages, snapshots, tool_effects
 from step_persistence.testing.conformance import sample_history
+from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
 

@@ -9,9 +9,9 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
 from step_persistence.testing.conformance import sample_history
+from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
 PAGE = Path(__file__).resolve().parents[2] / 'docs' / 'sql.md'

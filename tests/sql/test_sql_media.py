@@ -13,11 +13,11 @@ from pydantic_ai.messages import BinaryContent, ModelMessage, ModelMessagesTypeA
 from sqlalchemy import Text, cast, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqliteStepStore, SqlStepStore
 from step_persistence.media import MediaContext, PostgresMediaStore, SqliteMediaStore, SqlMediaStore, media_uri_for
 from step_persistence.stores.sql.schema import media, messages
 from step_persistence.testing.conformance import T0
+from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
 

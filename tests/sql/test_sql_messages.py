@@ -12,14 +12,14 @@ from pydantic_ai.usage import UsageLimits
 from sqlalchemy import Text, cast, func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from scripted import calls, scripted, text, turn_step
-from sql.databases import EmptyDatabase, statements_sent
-from sql.processes import write_concurrently
-from sql.shared_run_writer import RUN_ID, SCRIPT, history_for
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepPersistence
 from step_persistence._history import HistoryEncoder
 from step_persistence.stores.sql.schema import messages, snapshots
 from step_persistence.testing.conformance import T0, sample_history
+from support.databases import EmptyDatabase, statements_sent
+from support.processes import write_concurrently
+from support.scripted import calls, scripted, text, turn_step
+from support.shared_run_writer import RUN_ID, SCRIPT, history_for
 
 pytestmark = pytest.mark.anyio
 

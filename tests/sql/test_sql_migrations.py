@@ -16,7 +16,6 @@ from sqlalchemy import Column, Integer, MetaData, Table, func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from sql.databases import EmptyDatabase
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, from_spec
 from step_persistence._history import encode_messages
 from step_persistence.stores.sql import TABLE_NAMES, VERSION_TABLE, Base, include_name
@@ -25,6 +24,7 @@ from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.migrate import upgrade
 from step_persistence.stores.sql.schema import messages, runs, snapshots
 from step_persistence.testing.conformance import sample_history
+from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
 ROOT = Path(__file__).resolve().parents[2]
@@ -197,7 +197,7 @@ async def test_an_applications_autogenerate_ignores_our_tables(empty_database: E
 
 
 async def test_stores_starting_together_in_several_processes_migrate_once(postgres_database: EmptyDatabase) -> None:
-    from sql.processes import write_concurrently
+    from support.processes import write_concurrently
 
     spec = {'backend': postgres_database.url, 'schema': 'concurrent'}
     write_concurrently(spec, [f'p{number}' for number in range(3)], count=2)

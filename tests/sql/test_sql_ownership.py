@@ -10,7 +10,6 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from sql.databases import EmptyDatabase
 from step_persistence import (
     ContinuableSnapshot,
     RunRecord,
@@ -22,6 +21,7 @@ from step_persistence import (
 )
 from step_persistence.stores.sql.schema import events, messages, runs, snapshots, tool_effects
 from step_persistence.testing.conformance import sample_history
+from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
 

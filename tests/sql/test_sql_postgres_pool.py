@@ -16,8 +16,8 @@ import pytest
 from sqlalchemy.exc import DBAPIError
 
 import step_persistence.stores.sql.engines as engines
-from servers.postgres import PostgresServer
 from step_persistence import PostgresStepStore, RunRecord, StepEvent, classify_error
+from support.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 

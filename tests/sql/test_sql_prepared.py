@@ -21,8 +21,6 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from servers.postgres import PostgresServer
-from sql.databases import EmptyDatabase
 from step_persistence import (
     ContinuableSnapshot,
     PostgresStepStore,
@@ -35,6 +33,8 @@ from step_persistence import (
 from step_persistence.protocol import StepStore
 from step_persistence.records import StepWrites
 from step_persistence.testing.conformance import T0
+from support.databases import EmptyDatabase
+from support.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 

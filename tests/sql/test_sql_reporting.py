@@ -17,13 +17,13 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from cli.console_script import cli
-from servers.postgres import PostgresServer
-from sql.reporting_runs import ORCHESTRATOR_RUN, populate
 from step_persistence import SqlStepStore, from_spec
 from step_persistence.cli._common import print_json
 from step_persistence.reporting import summarize_runs, tool_stats
 from step_persistence.stores.sql.reporting import read_report, run_summary
+from support.console_script import cli
+from support.reporting_runs import ORCHESTRATOR_RUN, populate
+from support.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 PAGE = Path(__file__).resolve().parents[2] / 'docs' / 'reporting.md'

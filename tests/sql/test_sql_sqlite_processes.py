@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sql.processes import write_concurrently
 from step_persistence import SqliteStepStore
+from support.processes import write_concurrently
 
 pytestmark = pytest.mark.anyio
 

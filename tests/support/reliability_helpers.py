@@ -7,12 +7,12 @@ from typing import Any
 
 import anyio.from_thread
 import anyio.to_thread
-from crash_ledger import fingerprint
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, StepStore, ToolEffectRecord
 from step_persistence.testing.conformance import T0, sample_history
+from support.crash_ledger import fingerprint
 
 EXAMPLES = settings(
     max_examples=20,

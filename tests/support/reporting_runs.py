@@ -4,7 +4,7 @@
   a three-level tree by `parent_run_id`;
 - a mailer run that fails (its tool raises) after a tool call that asked for a retry once, with
   parallel calls and frontier snapshots, so it ends on an `interrupted` snapshot;
-- a worker that crashes mid-tool in another process (`tests/capability/child.py crash`), leaving
+- a worker that crashes mid-tool in another process (`tests/support/child.py crash`), leaving
   an unresolved ledger record;
 - a run whose last event is two hours old (crashed: stale), one that has just started
   (running), and one registered without any event (running).
@@ -24,14 +24,14 @@ import pytest
 from anyio import run_process
 from pydantic_ai import Agent, ModelRetry
 
-from scripted import calls, scripted, text
 from step_persistence import RunRecord, StepEvent, StepPersistence, StepStore, from_spec
 from step_persistence.records import utc_now
+from support.scripted import calls, scripted, text
 
 __all__ = ['ORCHESTRATOR_RUN', 'populate']
 
 ORCHESTRATOR_RUN = 'orchestrator-run'
-CHILD = Path(__file__).resolve().parents[1] / 'capability' / 'child.py'
+CHILD = Path(__file__).with_name('child.py')
 
 
 def _delegation(store: StepStore) -> Agent[None, str]:

@@ -13,10 +13,10 @@ import itertools
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from crash_zygote import digest
 from pydantic_ai.messages import ModelMessage
 
 from step_persistence import StepStore
+from support.crash_zygote import digest
 
 Effect = tuple[str, str, str | None, str | None]
 """(status, tool_name, idempotency_key, effect_summary)."""

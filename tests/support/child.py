@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pydantic_ai import Agent, RunContext
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart
 
-from scripted import calls, scripted, text
 from step_persistence import StepPersistence, StepStore, annotate_tool_effect, continue_run, from_spec
+from support.scripted import calls, scripted, text
 
 
 def crashing_worker(store: StepStore) -> Agent[None, str]:

@@ -19,9 +19,6 @@ import pytest
 from sqlalchemy import update
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from servers.mongo import Driver, MongoServer
-from servers.postgres import PostgresServer
-from servers.s3 import S3Server
 from step_persistence.media import (
     DiskMediaStore,
     MediaContext,
@@ -33,6 +30,9 @@ from step_persistence.media import (
 )
 from step_persistence.media.mongo import MongoMediaStore
 from step_persistence.stores.sql.schema import media
+from support.servers.mongo import Driver, MongoServer
+from support.servers.postgres import PostgresServer
+from support.servers.s3 import S3Server
 
 MediaStoreMaker = Callable[..., MediaStore]
 """`make(**options)` returns a new store over the test's location; options: `key_strategy`, `public_url`."""

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import event, inspect
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from servers.postgres import PostgresServer
+from support.servers.postgres import PostgresServer
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Servers of the fault tests' own, which they stop and restart (on the same port and data directory).
 
-Built from the same pieces as the session-wide servers in `tests/servers`, so they fail (never
+Built from the same pieces as the session-wide servers in `tests/support/servers`, so they fail (never
 skip) the same way when they cannot start, and honour the same local opt-out.
 """
 
@@ -13,9 +13,15 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from servers import free_port, wait_until
-from servers.mongo import _answers_ping, _secantus_command
-from servers.postgres import SERVER_OPTIONS, PostgresServer, _as_server_user, _binaries, _memory_backed_directory
+from support.servers import free_port, wait_until
+from support.servers.mongo import _answers_ping, _secantus_command
+from support.servers.postgres import (
+    SERVER_OPTIONS,
+    PostgresServer,
+    _as_server_user,
+    _binaries,
+    _memory_backed_directory,
+)
 
 
 def children_of(parent: int) -> list[int]:

@@ -20,8 +20,8 @@ from pathlib import Path
 import httpx2
 import pytest
 
-from servers import free_port, skip_if_opted_out, wait_until
 from step_persistence.media.sigv4 import Credentials, encode_path, sign
+from support.servers import free_port, skip_if_opted_out, wait_until
 
 __all__ = ['S3Server', 's3_server']
 

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from backends import BackendSession, spec_of
 from step_persistence import ContinuableSnapshot, RunRecord, StepStore, from_spec
 from step_persistence.testing.conformance import sample_history
+from support.backends import BackendSession, spec_of
 
 pytestmark = pytest.mark.anyio
 

@@ -48,8 +48,6 @@ from pymongo import AsyncMongoClient, monitoring
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 
-from scripted import calls, scripted, text
-from sql.writer import write as write_runs
 from step_persistence import StepPersistence, StepStore, annotate_tool_effect, from_spec
 from step_persistence._history import decode_messages
 from step_persistence.protocol import write_steps
@@ -58,6 +56,8 @@ from step_persistence.stores.file._io import FileIo
 from step_persistence.stores.mongo import MongoStepStore
 from step_persistence.stores.sql import SqliteStepStore  # noqa: F401  (imported once, before forking)
 from step_persistence.testing.conformance import sample_history
+from support.scripted import calls, scripted, text
+from support.writer import write as write_runs
 
 CONVERSATION = 'crash'
 """The conversation every crash run belongs to."""
@@ -357,7 +357,7 @@ def keyed_snapshot(run_id: str, writer: int, number: int) -> ContinuableSnapshot
 
 
 WRITERS: dict[str, Any] = {'runs': write_runs, 'snapshots': save_snapshots}
-"""Writer jobs: `{"kind": "runs", "args": {"spec", "prefix", "count"}}` (`tests/sql/writer.py`: COUNT runs
+"""Writer jobs: `{"kind": "runs", "args": {"spec", "prefix", "count"}}` (`tests/support/writer.py`: COUNT runs
 named PREFIX-<n>, each with three events, two snapshots and a tool effect), or `{"kind": "snapshots",
 "args": {"spec", "run_id", "writer", "count"}}` (`save_snapshots`)."""
 

@@ -18,12 +18,12 @@ import pytest
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from servers.mongo import Driver, MongoServer
-from servers.postgres import PostgresServer
 from step_persistence import FileStepStore, InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepStore
 from step_persistence.stores.file._layout import MEDIA_DIRECTORY_NAME
 from step_persistence.stores.mongo import MongoStepStore
 from step_persistence.stores.sql.schema import media
+from support.servers.mongo import Driver, MongoServer
+from support.servers.postgres import PostgresServer
 
 StoreMaker = Callable[..., Any]
 """`await make(**options)` returns a new store over the test's location."""

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from pymongo import AsyncMongoClient, monitoring
 
-from servers.mongo import Driver, MongoServer, Scratch
 from step_persistence import ContinuableSnapshot
 from step_persistence.stores.mongo import MongoStepStore
 from step_persistence.testing.conformance import sample_history
+from support.servers.mongo import Driver, MongoServer, Scratch
 
 __all__ = ['CommandLog', 'any_scratch', 'scratch', 'snapshot', 'store_in']
 

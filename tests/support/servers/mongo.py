@@ -24,7 +24,7 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import PyMongoError
 
-from servers import free_port, skip_if_opted_out, wait_until
+from support.servers import free_port, skip_if_opted_out, wait_until
 
 __all__ = ['Driver', 'MongoServer', 'Scratch', 'mongo_server']
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from servers import free_port, skip_if_opted_out
+from support.servers import free_port, skip_if_opted_out
 
 __all__ = ['PostgresServer', 'postgres_server']
 
