@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol, TypeVar
@@ -42,6 +42,7 @@ from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql import Executable
 from sqlalchemy.util import greenlet_spawn
 
+from step_persistence._cancellation import run_to_completion
 from step_persistence.stores.sql.engines import WRITE_OPTION
 from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.sqlite_writer import SqliteWriter
@@ -155,7 +156,7 @@ class AsyncExecutor:
 
     async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
         if self._uninterruptible:
-            return await _to_completion(self._run(operation, write=write, options=options))
+            return await run_to_completion(self._run(operation, write=write, options=options))
         return await self._run(operation, write=write, options=options)
 
     async def _run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
@@ -172,24 +173,3 @@ class AsyncExecutor:
     async def dispose(self) -> None:
         if isinstance(self._bind, AsyncEngine):
             await self._bind.dispose()
-
-
-async def _to_completion(operation: Coroutine[Any, Any, T]) -> T:
-    """The result of `operation`, run in a task of its own that no cancellation of the caller interrupts.
-
-    An anyio cancellation reaches the caller at its next checkpoint after this returns; an asyncio
-    cancellation (`Task.cancel`, `asyncio.timeout`) is raised once the operation has ended.
-    """
-    task = asyncio.ensure_future(operation)
-    cancellation: asyncio.CancelledError | None = None
-    with anyio.CancelScope(shield=True):
-        while not task.done():
-            try:
-                await asyncio.wait([task])
-            except asyncio.CancelledError as error:
-                cancellation = error
-    if cancellation is not None:
-        if not task.cancelled():
-            task.exception()  # retrieved: the caller sees its cancellation, not the operation's outcome
-        raise cancellation
-    return task.result()

@@ -25,6 +25,8 @@ from typing import Any, Generic, TypeVar
 
 from sqlalchemy.engine import Connection, Engine
 
+from step_persistence._cancellation import run_to_completion
+
 __all__ = ['IDLE_SECONDS', 'MAX_GROUP', 'SqliteWriter']
 
 T = TypeVar('T')
@@ -71,7 +73,7 @@ class SqliteWriter:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._serve, name='step-persistence-sqlite-writer', daemon=True)
                 self._thread.start()
-        return await _outcome(job.future)
+        return await run_to_completion(job.future)
 
     def stop(self) -> None:
         """Finish the queued operations and end the thread (blocks: call it from a worker thread)."""
@@ -152,15 +154,3 @@ def _settle(jobs: list[_Job[Any]]) -> None:
             job.future.set_result(value)
         else:
             job.future.set_exception(value)
-
-
-async def _outcome(future: asyncio.Future[T]) -> T:
-    cancelled = False
-    while not future.done():
-        try:
-            await asyncio.wait((future,))
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return future.result()
