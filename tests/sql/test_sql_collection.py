@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from step_persistence import ContinuableSnapshot, RunRecord, SqliteStepStore
 from step_persistence.media import REUSE_WINDOW
 from step_persistence.media.clock import media_now
-from step_persistence.stores.sql.collection import _DELETE_UNUSED
+from step_persistence.stores.sql.reclaiming import _DELETE_UNUSED
 from step_persistence.stores.sql.schema import media
 from step_persistence.testing.conformance import T0
 from support.media_writer import RUN_ID, SCRIPT, history_for, payload

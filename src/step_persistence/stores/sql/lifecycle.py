@@ -14,6 +14,7 @@ from typing import Any
 
 from sqlalchemy import select
 
+from step_persistence._delegation import DelegationWalk
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import runs, tool_effects
@@ -45,21 +46,16 @@ def _chunks(items: Sequence[str]) -> Iterator[Sequence[str]]:
 
 
 def _delegated(transaction: Transaction, run_id: str) -> list[str]:
-    """The runs delegated from `run_id`, transitively, breadth first; a `parent_run_id` cycle ends the walk."""
-    seen = {run_id}
-    found: list[str] = []
-    level = [run_id]
-    while level:
-        next_level: list[str] = []
-        for parents in _chunks(level):
-            children = transaction.execute(select(runs.c.run_id).where(runs.c.parent_run_id.in_(parents)))
-            for (child,) in children:
-                if child not in seen:
-                    seen.add(child)
-                    next_level.append(child)
-        found.extend(next_level)
-        level = next_level
-    return found
+    """The runs delegated from `run_id`, transitively, breadth first (see `DelegationWalk`)."""
+    walk = DelegationWalk(run_id)
+    while walk.level:
+        children = [
+            child
+            for parents in _chunks(walk.level)
+            for (child,) in transaction.execute(select(runs.c.run_id).where(runs.c.parent_run_id.in_(parents)))
+        ]
+        walk.add_children(children)
+    return walk.found
 
 
 def delete_runs(transaction: Transaction, *, writes: Writes, run_id: str, cascade: bool) -> list[str]:

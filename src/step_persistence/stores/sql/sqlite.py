@@ -10,7 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting
 from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database, SqliteSynchronous
-from step_persistence.stores.sql.dialects import resolve_url
+from step_persistence.stores.sql.dialects import redact, resolve_url
 from step_persistence.stores.sql.store import SqlStepStore
 
 __all__ = ['SqliteStepStore', 'database_from_url']
@@ -69,5 +69,5 @@ def database_from_url(url: str | URL) -> str:
     """
     resolved = resolve_url(url)
     if resolved.get_backend_name() != 'sqlite':
-        raise ValueError(f'not a SQLite URL: {resolved.render_as_string(hide_password=True)}')
+        raise ValueError(f'not a SQLite URL: {redact(resolved)}')
     return resolved.database or ':memory:'

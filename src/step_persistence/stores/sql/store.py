@@ -35,9 +35,8 @@ from step_persistence.records import (
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
-from step_persistence.stores.sql import collection as sql_collection
 from step_persistence.stores.sql import lifecycle as sql_lifecycle
-from step_persistence.stores.sql import rows
+from step_persistence.stores.sql import reclaiming, rows
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.histories import HistoryRows, NeedsPacking
@@ -323,9 +322,9 @@ class SqlStepStore:
         )
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
-        """Delete message rows no snapshot uses and unreferenced blobs (see `stores/sql/collection.py`)."""
+        """Delete message rows no snapshot uses and unreferenced blobs (see `stores/sql/reclaiming.py`)."""
         await self._ready()
-        return await sql_collection.collect_media(self._db, self.media_store, grace=grace)
+        return await reclaiming.collect_media(self._db, self.media_store, grace=grace)
 
     async def aclose(self) -> None:
         """Dispose of the engine if the store created it from a URL; never touch a caller's engine or connection."""
