@@ -33,8 +33,9 @@ async def read_or_skip_async(description: str, build: Callable[[], Awaitable[T]]
         return None
 
 
-def read_each(items: Iterable[S], describe: Callable[[S], str], build: Callable[[S], T]) -> list[T]:
+def read_each(items: Iterable[S], describe: Callable[[S], str], build: Callable[[S], T | None]) -> list[T]:
     """`build(item)` of every item that can be read, in order; each one that cannot is logged (named by
-    `describe(item)`) and skipped, so one damaged item never hides the others."""
+    `describe(item)`) and skipped, so one damaged item never hides the others. An item `build` gives
+    `None` for (one found gone, for instance) is left out without a warning."""
     built = (read_or_skip(describe(item), partial(build, item)) for item in items)
     return [value for value in built if value is not None]

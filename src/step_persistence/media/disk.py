@@ -10,11 +10,11 @@ import tempfile
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 import anyio.to_thread
 
+from step_persistence._closing import ClosesOnExit
 from step_persistence.media.clock import media_now
 from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url, uri_of_key
 from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, StoredBlob
@@ -59,7 +59,7 @@ def _touch(path: Path) -> bool:
     return True
 
 
-class DiskMediaStore:
+class DiskMediaStore(ClosesOnExit):
     """Blobs as files: `<directory>/<key>` (default key `<sha256>.bin`), metadata in `<key>.meta.json`.
 
     Writes are atomic (temporary file, then rename), sidecar first and blob last, so a blob that
@@ -200,11 +200,3 @@ class DiskMediaStore:
 
     async def aclose(self) -> None:
         """Nothing to release; here so every media store can be closed the same way."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

@@ -12,13 +12,14 @@ import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from types import TracebackType
-from typing import TYPE_CHECKING, Any, Self
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote, unquote, urlsplit
 from xml.etree import ElementTree
 
 import anyio
 
+from step_persistence._closing import ClosesOnExit
+from step_persistence._urls import redact_text, redact_url
 from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url, uri_of_key
 from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, StoredBlob
 from step_persistence.media.sigv4 import EMPTY_SHA256, Credentials, encode_path, sign
@@ -99,7 +100,7 @@ def _error_code(response: httpx2.Response) -> str | None:
     return match.group(1).decode('utf-8', 'replace') if match else None
 
 
-class S3MediaStore:
+class S3MediaStore(ClosesOnExit):
     """Blobs as objects `<key_prefix><key>` (default key `<sha256>.bin`) in `bucket` at `endpoint`.
 
     `endpoint` is the service URL (`https://s3.us-east-1.amazonaws.com`, an R2 account URL with
@@ -140,7 +141,7 @@ class S3MediaStore:
         httpx = _import_httpx2()
         parts = urlsplit(endpoint)
         if parts.scheme not in ('http', 'https') or not parts.netloc or parts.query or parts.fragment:
-            raise ValueError(f'endpoint must be an http(s) URL without query or fragment, got {endpoint!r}')
+            raise ValueError(f'endpoint must be an http(s) URL without query or fragment, got {redact_url(endpoint)!r}')
         if not bucket or '/' in bucket:
             raise ValueError(f'bucket must be a bucket name, got {bucket!r}')
         if key_prefix.startswith('/'):
@@ -201,7 +202,7 @@ class S3MediaStore:
             except self._httpx.TransportError as error:
                 if attempt == self._max_attempts:
                     raise S3Error(
-                        f'S3 {method} {self.bucket}/{key} failed after {attempt} attempts: {error!r}'
+                        f'S3 {method} {self.bucket}/{key} failed after {attempt} attempts: {redact_text(repr(error))}'
                     ) from error
             else:
                 if response.status_code not in _RETRY_STATUSES or attempt == self._max_attempts:
@@ -333,11 +334,3 @@ class S3MediaStore:
         """Close the HTTP client if this store created it."""
         if self._owns_client:
             await self._client.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Collection
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
-from types import TracebackType
-from typing import Self
+from datetime import timedelta
 
 from step_persistence import lifecycle
+from step_persistence._closing import ClosesOnExit
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence.protocol import write_each
 from step_persistence.reclaiming import MediaCollection, validate_grace
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
-    RunStatus,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
     merge_tool_effect,
 )
 from step_persistence.retention import retained_seqs, validate_max_snapshots
+from step_persistence.stores._pruning import PrunesFromListing
 
 __all__ = ['InMemoryStepStore']
 
@@ -46,7 +44,7 @@ class _RunData:
     effects: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
 
 
-class InMemoryStepStore:
+class InMemoryStepStore(PrunesFromListing, ClosesOnExit):
     """Keeps everything in this process's memory; for tests and short-lived scripts.
 
     Snapshots are stored as encoded copies, so mutating a history after saving it never changes
@@ -165,17 +163,6 @@ class InMemoryStepStore:
             await lifecycle.delete_delegated_runs(self, run_id)
         self._runs.pop(run_id, None)
 
-    async def prune_runs(
-        self,
-        *,
-        older_than: datetime,
-        statuses: Collection[RunStatus] | None = None,
-        include_running: bool = False,
-    ) -> list[str]:
-        return await lifecycle.prune_runs(
-            self, older_than=older_than, statuses=statuses, include_running=include_running
-        )
-
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
         """Nothing to collect: a snapshot's messages go with it, and media stays inline."""
         validate_grace(grace)
@@ -183,14 +170,3 @@ class InMemoryStepStore:
 
     async def aclose(self) -> None:
         """Nothing to release: the data lives as long as the store object."""
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

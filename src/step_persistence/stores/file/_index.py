@@ -9,8 +9,6 @@ step and the ten-thousandth.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
-from collections.abc import Callable
 
 from step_persistence.records import SnapshotState, ToolEffectRecord
 from step_persistence.retention import retained_seqs
@@ -20,7 +18,7 @@ from step_persistence.stores.file._journal import Journal
 from step_persistence.stores.file._layout import RunPaths
 from step_persistence.stores.file._message_journal import MessageJournal
 
-__all__ = ['EffectJournal', 'EventJournal', 'IndexCache', 'RunIndex', 'SnapshotJournal']
+__all__ = ['EffectJournal', 'EventJournal', 'RunIndex', 'SnapshotJournal']
 
 
 class EventJournal(Journal[str | None]):
@@ -109,33 +107,3 @@ class RunIndex:
         if incarnation != self.incarnation:
             self.incarnation = incarnation
             self._start_over()
-
-
-class IndexCache:
-    """The `RunIndex` of the runs a store touched most recently (bounded, so memory does not grow with runs)."""
-
-    def __init__(self, capacity: int) -> None:
-        self._capacity = capacity
-        self._indexes: OrderedDict[str, RunIndex] = OrderedDict()
-        self._guard = threading.Lock()
-
-    def get(self, run_id: str, build: Callable[[], RunIndex]) -> RunIndex:
-        """The index of `run_id`, built by `build()` if this cache does not hold it."""
-        with self._guard:
-            index = self._indexes.get(run_id)
-            if index is None:
-                index = self._indexes[run_id] = build()
-                if len(self._indexes) > self._capacity:
-                    self._indexes.popitem(last=False)
-            else:
-                self._indexes.move_to_end(run_id)
-            return index
-
-    def forget(self, run_id: str) -> None:
-        """Drop the index of `run_id` (it is rebuilt from the files on next use)."""
-        with self._guard:
-            self._indexes.pop(run_id, None)
-
-    def clear(self) -> None:
-        with self._guard:
-            self._indexes.clear()

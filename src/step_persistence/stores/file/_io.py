@@ -93,23 +93,11 @@ class FileIo:
 
     def append(self, path: Path, data: bytes) -> None:
         """Append `data` to an existing file with one `O_APPEND` write (looping only on a short write)."""
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        try:
-            self._write_all(fd, data)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        self._write_and_close(os.open(path, os.O_WRONLY | os.O_APPEND), data)
 
     def create(self, path: Path, data: bytes) -> None:
         """Create a new file holding `data`; `FileExistsError` if it exists."""
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            self._write_all(fd, data)
-            if self.fsync:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
+        self._write_and_close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), data)
 
     def write_atomic(self, path: Path, data: bytes) -> None:
         """Replace `path` by a file holding `data`: readers see the old file or the new one, never a mix."""
@@ -129,6 +117,15 @@ class FileIo:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def _write_and_close(self, fd: int, data: bytes) -> None:
+        """Write all of `data` to `fd` (then `fsync` it, when fsync is on) and close it."""
+        try:
+            self._write_all(fd, data)
+            if self.fsync:
+                os.fsync(fd)
         finally:
             os.close(fd)
 

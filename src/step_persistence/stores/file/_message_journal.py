@@ -1,8 +1,9 @@
 """`messages.jsonl`, indexed by history position, and the references snapshots make into it.
 
 Each position of the run's history has the versions stored for it, in number order. Saving a
-snapshot appends only the positions whose message differs from the latest stored version, and
-returns a `HistoryRef` of constant size. Finding those positions compares digests, and the
+snapshot appends only the positions whose message differs from the latest stored version
+(numbered by `plan_saves`, see `step_persistence.stores._positions`), and returns a `HistoryRef`
+of constant size. Finding those positions compares digests, and the
 reference's checksum is kept up to date as versions are applied, so a save costs a few list
 operations per message of the history and no hashing of the whole history.
 """
@@ -17,11 +18,11 @@ from operator import attrgetter
 
 from step_persistence._history import EncodedMessage
 from step_persistence.stores._media import PackedMessage
-from step_persistence.stores._positions import changed_positions
+from step_persistence.stores._positions import NumberedRow, RunHead, plan_saves
 from step_persistence.stores.file._codec import HistoryRef
 from step_persistence.stores.file._io import FileIo, Span
 from step_persistence.stores.file._journal import Journal
-from step_persistence.stores.file._messages import MessageEntry, load_message_entry, message_line
+from step_persistence.stores.file._messages import load_message_row, message_line
 
 __all__ = ['MessageJournal', 'MessageVersion', 'history_checksum']
 
@@ -55,7 +56,7 @@ class MessageVersion:
     span: Span
 
 
-class MessageJournal(Journal[MessageEntry]):
+class MessageJournal(Journal[NumberedRow]):
     """`messages.jsonl`, indexed by history position: every stored version, in number order."""
 
     def clear(self) -> None:
@@ -67,10 +68,10 @@ class MessageJournal(Journal[MessageEntry]):
         """The sum of the checksum terms of the latest versions."""
         self.next_number = 1
 
-    def parse(self, line: bytes) -> MessageEntry:
-        return load_message_entry(line)
+    def parse(self, line: bytes) -> NumberedRow:
+        return load_message_row(line)
 
-    def apply(self, entry: MessageEntry, span: Span) -> None:
+    def apply(self, entry: NumberedRow, span: Span) -> None:
         position = entry.position
         while len(self.versions) <= position:
             self.versions.append([])
@@ -80,8 +81,8 @@ class MessageJournal(Journal[MessageEntry]):
             self._latest_total -= _term(position, previous)
         self.latest[position] = entry.digest
         self._latest_total += _term(position, entry.digest)
-        self.versions[position].append(MessageVersion(entry.number, entry.digest, span))
-        self.next_number = max(self.next_number, entry.number + 1)
+        self.versions[position].append(MessageVersion(entry.no, entry.digest, span))
+        self.next_number = max(self.next_number, entry.no + 1)
 
     def store(
         self, io: FileIo, messages: Sequence[EncodedMessage], pack: Callable[[EncodedMessage], PackedMessage]
@@ -93,34 +94,32 @@ class MessageJournal(Journal[MessageEntry]):
         exclusive lock.
         """
         digests = list(map(_DIGEST, messages))
-        self.append(
-            io,
-            [
-                (
-                    message_line(number, position, digests[position], pack(messages[position])),
-                    MessageEntry(number, position, digests[position]),
-                )
-                for number, position in enumerate(changed_positions(digests, self.latest), start=self.next_number)
-            ],
-        )
+        head = RunHead(incarnation=None, last_no=self.next_number - 1, latest=self.latest)
+        plan = plan_saves(head, [digests])
+        self.append(io, [(message_line(row, pack(messages[row.position])), row) for row in plan.rows])
         beyond = sum(
             _term(position, digest)
             for position, digest in enumerate(self.latest[len(digests) :], start=len(digests))
             if digest is not None
         )
         return HistoryRef(
-            length=len(digests), through_message=self.next_number - 1, checksum=_hex(self._latest_total - beyond)
+            length=len(digests), through_message=plan.throughs[0], checksum=_hex(self._latest_total - beyond)
         )
+
+    def version_at(self, position: int, through_message: int) -> MessageVersion | None:
+        """The newest stored version at `position` numbered at most `through_message`, if any."""
+        stored = self.versions[position] if position < len(self.versions) else []
+        index = bisect_right(stored, through_message, key=lambda version: version.number)
+        return stored[index - 1] if index else None
 
     def resolve(self, history: HistoryRef) -> list[MessageVersion]:
         """The stored versions that make up `history`; `ValueError` if they are missing or do not match it."""
         chosen: list[MessageVersion] = []
         for position in range(history.length):
-            stored = self.versions[position] if position < len(self.versions) else []
-            index = bisect_right(stored, history.through_message, key=lambda version: version.number)
-            if index == 0:
+            version = self.version_at(position, history.through_message)
+            if version is None:
                 raise ValueError(f'no stored message at position {position} up to number {history.through_message}')
-            chosen.append(stored[index - 1])
+            chosen.append(version)
         if history_checksum(version.digest for version in chosen) != history.checksum:
             raise ValueError('the stored messages do not match the snapshot (a damaged or missing messages.jsonl line)')
         return chosen

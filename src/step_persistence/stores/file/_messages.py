@@ -14,37 +14,28 @@ are in the store's media store; see `step_persistence.stores._media`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from step_persistence.stores._media import PackedMessage
+from step_persistence.stores._positions import NumberedRow
 from step_persistence.stores.file._codec import json_object, natural_number
 
-__all__ = ['MessageEntry', 'load_message_entry', 'message_line', 'stored_message']
+__all__ = ['load_message_row', 'message_line', 'stored_message']
 
 
-@dataclass(frozen=True)
-class MessageEntry:
-    """What the store indexes of a `messages.jsonl` line."""
-
-    number: int
-    position: int
-    digest: str
-
-
-def message_line(number: int, position: int, digest: str, message: PackedMessage) -> bytes:
-    """The `messages.jsonl` line storing `message` (whose digest is `digest`) as number `number`, at
-    history position `position`."""
+def message_line(row: NumberedRow, message: PackedMessage) -> bytes:
+    """The `messages.jsonl` line storing `message` (whose digest is `row.digest`) as number `row.no`, at
+    history position `row.position`."""
     return b'{"no":%d,"pos":%d,"digest":"%s","externalized":%s,"message":%s}' % (
-        number,
-        position,
-        digest.encode('ascii'),
+        row.no,
+        row.position,
+        row.digest.encode('ascii'),
         b'true' if message.externalized else b'false',
         message.data,
     )
 
 
-def load_message_entry(line: bytes) -> MessageEntry:
+def load_message_row(line: bytes) -> NumberedRow:
     """The number, position and digest of a `messages.jsonl` line; raises `ValueError` for a malformed one."""
     value = json_object(line, 'messages.jsonl line')
     number = natural_number(value.get('no'), 'message number')
@@ -52,7 +43,7 @@ def load_message_entry(line: bytes) -> MessageEntry:
     digest = value.get('digest')
     if not isinstance(digest, str) or 'message' not in value:
         raise ValueError(f'malformed messages.jsonl line {number!r}: no digest or no message')
-    return MessageEntry(number=number, position=position, digest=digest)
+    return NumberedRow(no=number, position=position, digest=digest)
 
 
 def stored_message(number: int, line: bytes) -> tuple[Any, bool]:

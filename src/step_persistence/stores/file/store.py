@@ -8,20 +8,18 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable, Collection, Iterator, Sequence
-from contextlib import contextmanager
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any
 
 import anyio.from_thread
-import anyio.to_thread
 
 from step_persistence import lifecycle
+from step_persistence._closing import ClosesOnExit
 from step_persistence._history import EncodedMessage, decode_messages
-from step_persistence._reading import read_or_skip
+from step_persistence._reading import read_each, read_or_skip
 from step_persistence.media.disk import DiskMediaStore
 from step_persistence.media.protocol import MediaStore
 from step_persistence.protocol import write_each
@@ -29,7 +27,6 @@ from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
-    RunStatus,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
@@ -38,8 +35,8 @@ from step_persistence.records import (
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._idempotency import first_per_key
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
-from step_persistence.stores._turns import RunTurns
-from step_persistence.stores.file import collection as file_collection
+from step_persistence.stores._pruning import PrunesFromListing
+from step_persistence.stores.file import reclaiming as file_reclaiming
 from step_persistence.stores.file._codec import (
     SnapshotEntry,
     dump_run_file,
@@ -48,7 +45,7 @@ from step_persistence.stores.file._codec import (
     load_run_file,
     load_snapshot_file,
 )
-from step_persistence.stores.file._index import IndexCache, RunIndex
+from step_persistence.stores.file._index import RunIndex
 from step_persistence.stores.file._io import FileIo, IoCounters
 from step_persistence.stores.file._journal import read_lines
 from step_persistence.stores.file._layout import (
@@ -59,12 +56,11 @@ from step_persistence.stores.file._layout import (
     is_run_directory_name,
     run_paths,
 )
-from step_persistence.stores.file._locking import RunNotRegistered, locked_run, new_incarnation
+from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
 from step_persistence.stores.file._messages import stored_message
+from step_persistence.stores.file._sessions import RunSessions
 
 __all__ = ['FileStepStore']
-
-T = TypeVar('T')
 
 INDEX_CACHE_CAPACITY = 256
 """How many runs' indexes a store keeps in memory; a run evicted from the cache is re-indexed on next use."""
@@ -91,7 +87,7 @@ class _RegistrationClock:
 _REGISTRATION_CLOCK = _RegistrationClock()
 
 
-class FileStepStore:
+class FileStepStore(PrunesFromListing, ClosesOnExit):
     """Stores runs as plain JSON files under `directory`, one directory per run.
 
     Every run id is validated (`[A-Za-z0-9_.-]{1,200}`, no `..`, not `.`) before the disk is
@@ -134,9 +130,7 @@ class FileStepStore:
             raise ValueError(f'fsync must be True or False, got {fsync!r}')
         self.fsync = fsync
         self._io = FileIo(fsync=fsync)
-        self._indexes = IndexCache(INDEX_CACHE_CAPACITY)
-        self._turns = RunTurns()
-        self._threads = anyio.CapacityLimiter(WORKER_THREADS)
+        self._runs = RunSessions(self.directory, self._io, threads=WORKER_THREADS, index_capacity=INDEX_CACHE_CAPACITY)
 
     @property
     def media_directory(self) -> Path:
@@ -150,11 +144,6 @@ class FileStepStore:
 
     def __repr__(self) -> str:
         return f'FileStepStore({str(self.directory)!r}, max_snapshots_per_run={self.max_snapshots_per_run!r})'
-
-    async def _in_turn(self, run_id: str, function: Callable[[], T]) -> T:
-        """Run `function` in a worker thread after every earlier call on `run_id` is done."""
-        async with self._turns.turn(run_id):
-            return await anyio.to_thread.run_sync(function, limiter=self._threads)
 
     def _pack(self, message: EncodedMessage) -> PackedMessage:
         """From a worker thread: a new message as it is written, its payloads stored in the media store.
@@ -170,28 +159,10 @@ class FileStepStore:
             return tree
         return anyio.from_thread.run(partial(self._media.unpack, tree, externalized=True))
 
-    @contextmanager
-    def _session(self, run_id: str, *, exclusive: bool) -> Iterator[RunIndex]:
-        """Hold the run's lock and yield its index, caught up with nothing yet.
-
-        Raises `RunNotRegistered` (a `LookupError`) if the run does not exist. After any error
-        the index is dropped, so the next use rebuilds it from the files.
-        """
-        paths = run_paths(self.directory, run_id)
-        index = self._indexes.get(run_id, lambda: RunIndex(paths))
-        with index.lock:
-            try:
-                with locked_run(paths.lock_file, exclusive=exclusive, io=self._io) as incarnation:
-                    index.adopt(incarnation)
-                    yield index
-            except BaseException:
-                self._indexes.forget(run_id)
-                raise
-
     # --- runs ---
 
     async def register_run(self, record: RunRecord) -> None:
-        await self._in_turn(record.run_id, partial(self._register_run, record))
+        await self._runs.in_turn(record.run_id, partial(self._register_run, record))
 
     def _register_run(self, record: RunRecord) -> None:
         paths = run_paths(self.directory, record.run_id)
@@ -218,7 +189,7 @@ class FileStepStore:
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         """The record, `None` if absent; raises `ValueError` if its `run.json` is unreadable."""
         paths = run_paths(self.directory, run_id)
-        loaded = await self._in_turn(run_id, partial(self._read_run_file, paths.run_file))
+        loaded = await self._runs.in_turn(run_id, partial(self._read_run_file, paths.run_file))
         return None if loaded is None else loaded[0]
 
     def _read_run_file(self, path: str | Path) -> tuple[RunRecord, int] | None:
@@ -232,7 +203,7 @@ class FileStepStore:
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
         """Matching runs, oldest first; a run whose `run.json` is unreadable is skipped and logged."""
-        loaded = await anyio.to_thread.run_sync(self._read_all_runs, limiter=self._threads)
+        loaded = await self._runs.in_thread(self._read_all_runs)
         matching = [
             (record, registered_ns)
             for record, registered_ns in loaded
@@ -247,56 +218,36 @@ class FileStepStore:
             names = sorted(entry.name for entry in os.scandir(self.directory) if entry.is_dir())
         except FileNotFoundError:
             return []
-        loaded: list[tuple[RunRecord, int]] = []
         directory = os.fspath(self.directory)
-        for name in filter(is_run_directory_name, names):
-            run_file = os.path.join(directory, name, RUN_FILE_NAME)  # not a Path: a third of the time
-            item = read_or_skip(f'run file {run_file}', partial(self._read_run_file, run_file))
-            if item is not None:
-                loaded.append(item)
-        return loaded
+        # Paths as strings, not `Path`s: a third of the time.
+        run_files = [os.path.join(directory, name, RUN_FILE_NAME) for name in filter(is_run_directory_name, names)]
+        return read_each(run_files, 'run file {}'.format, self._read_run_file)
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
         """Remove the run's directory in one rename (then delete it); with `cascade`, its delegated runs first."""
         run_paths(self.directory, run_id)
         if cascade:
             await lifecycle.delete_delegated_runs(self, run_id, every_run=await self.list_runs())
-        await self._in_turn(run_id, partial(self._delete_run, run_id))
-
-    async def prune_runs(
-        self,
-        *,
-        older_than: datetime,
-        statuses: Collection[RunStatus] | None = None,
-        include_running: bool = False,
-    ) -> list[str]:
-        """Delete old runs (see `StepStore.prune_runs`); reads every `run.json` to find them."""
-        return await lifecycle.prune_runs(
-            self, older_than=older_than, statuses=statuses, include_running=include_running
-        )
+        await self._runs.in_turn(run_id, partial(self._delete_run, run_id))
 
     def _delete_run(self, run_id: str) -> None:
         paths = run_paths(self.directory, run_id)
         trash = self.directory / WORK_DIRECTORY_NAME / f'deleted-{secrets.token_hex(8)}'
         try:
-            with self._session(run_id, exclusive=True):
+            with self._runs.session(run_id, exclusive=True):
                 trash.parent.mkdir(exist_ok=True)
                 os.rename(paths.directory, trash)
                 self._io.sync_directory(self.directory)
         except RunNotRegistered:
             return
         finally:
-            self._indexes.forget(run_id)
+            self._runs.forget(run_id)
         shutil.rmtree(trash, ignore_errors=True)
 
     # --- events ---
 
     async def append_event(self, event: StepEvent) -> None:
-        await self._in_turn(event.run_id, partial(self._append_event, event))
-
-    def _append_event(self, event: StepEvent) -> None:
-        with self._session(event.run_id, exclusive=True) as index:
-            self._append_events(index, [event])
+        await self._runs.write(event.run_id, partial(self._append_events, events=[event]))
 
     def _append_events(self, index: RunIndex, events: Sequence[StepEvent]) -> None:
         """Append `events` in one write, but those whose idempotency key the run (or an earlier one of them) used."""
@@ -307,31 +258,23 @@ class FileStepStore:
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         """The run's events in append order; unreadable lines are skipped and logged."""
-        return await self._in_turn(run_id, partial(self._list_events, run_id))
+        return await self._runs.in_turn(run_id, partial(self._list_events, run_id))
 
     def _list_events(self, run_id: str) -> list[StepEvent]:
-        try:
-            with self._session(run_id, exclusive=False) as index:
-                path = index.paths.events
-                data = self._io.read_all(path)
-        except RunNotRegistered:
-            return []
-        events = (
-            read_or_skip(f'line at byte {span[0]} of {path}', partial(StepEvent.model_validate_json, line))
-            for span, line in read_lines(path, data)
+        path = run_paths(self.directory, run_id).events
+        data = self._runs.read(run_id, lambda index: self._io.read_all(path), absent=b'')
+        return read_each(
+            read_lines(path, data),
+            lambda line: f'line at byte {line[0][0]} of {path}',
+            lambda line: StepEvent.model_validate_json(line[1]),
         )
-        return [event for event in events if event is not None]
 
     # --- snapshots ---
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._in_turn(snapshot.run_id, partial(self._save_snapshot, snapshot))
+        await self._runs.write(snapshot.run_id, partial(self._save_snapshot, snapshot=snapshot))
 
-    def _save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        with self._session(snapshot.run_id, exclusive=True) as index:
-            self._save_snapshot_in(index, snapshot)
-
-    def _save_snapshot_in(self, index: RunIndex, snapshot: ContinuableSnapshot) -> None:
+    def _save_snapshot(self, index: RunIndex, snapshot: ContinuableSnapshot) -> None:
         encoded = snapshot.encoded_messages()
         key = snapshot.idempotency_key
         journal = index.snapshots
@@ -350,38 +293,38 @@ class FileStepStore:
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest readable matching snapshot; unreadable newer ones are skipped and logged."""
-        found = await self._in_turn(
-            run_id, partial(self._read_snapshots, run_id, include_interrupted, newest_only=True)
-        )
+        found = await self._snapshots(run_id, include_interrupted=include_interrupted, newest_only=True)
         return found[0] if found else None
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Retained matching snapshots in sequence order; unreadable ones are skipped and logged."""
-        return await self._in_turn(
-            run_id, partial(self._read_snapshots, run_id, include_interrupted, newest_only=False)
-        )
+        return await self._snapshots(run_id, include_interrupted=include_interrupted, newest_only=False)
 
-    def _read_snapshots(
-        self, run_id: str, include_interrupted: bool, *, newest_only: bool
+    async def _snapshots(
+        self, run_id: str, *, include_interrupted: bool, newest_only: bool
     ) -> list[ContinuableSnapshot]:
-        try:
-            with self._session(run_id, exclusive=False) as index:
-                index.snapshots.catch_up(self._io)
-                index.messages.catch_up(self._io)
-                retained = index.snapshots.retained
-                found: list[ContinuableSnapshot] = []
-                for seq, state in reversed(retained) if newest_only else retained:
-                    if state != 'complete' and not include_interrupted:
-                        continue
-                    path = index.paths.snapshot(seq)
-                    snapshot = read_or_skip(f'snapshot {path}', partial(self._load_snapshot, index, seq))
-                    if snapshot is not None:
-                        found.append(snapshot)
-                        if newest_only:
-                            break
-                return found
-        except RunNotRegistered:
-            return []
+        read = partial(self._matching_snapshots, include_interrupted=include_interrupted, newest_only=newest_only)
+        none: list[ContinuableSnapshot] = []
+        return await self._runs.read_in_turn(run_id, read, absent=none)
+
+    def _matching_snapshots(
+        self, index: RunIndex, *, include_interrupted: bool, newest_only: bool
+    ) -> list[ContinuableSnapshot]:
+        """The readable retained snapshots (only the newest one with `newest_only`), in sequence order."""
+        index.snapshots.catch_up(self._io)
+        index.messages.catch_up(self._io)
+        seqs = [seq for seq, state in index.snapshots.retained if include_interrupted or state == 'complete']
+
+        def describe(seq: int) -> str:
+            return f'snapshot {index.paths.snapshot(seq)}'
+
+        if not newest_only:
+            return read_each(seqs, describe, partial(self._load_snapshot, index))
+        for seq in reversed(seqs):
+            snapshot = read_or_skip(describe(seq), partial(self._load_snapshot, index, seq))
+            if snapshot is not None:
+                return [snapshot]
+        return []
 
     def _load_snapshot(self, index: RunIndex, seq: int) -> ContinuableSnapshot:
         header, history = load_snapshot_file(self._io.read_all(index.paths.snapshot(seq)))
@@ -395,11 +338,7 @@ class FileStepStore:
     # --- tool effects ---
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        await self._in_turn(record.run_id, partial(self._record_tool_effect, record))
-
-    def _record_tool_effect(self, record: ToolEffectRecord) -> None:
-        with self._session(record.run_id, exclusive=True) as index:
-            self._record_tool_effects(index, [record])
+        await self._runs.write(record.run_id, partial(self._record_tool_effects, records=[record]))
 
     def _record_tool_effects(self, index: RunIndex, records: Sequence[ToolEffectRecord]) -> None:
         """Upsert `records` in order, appending the merged records in one write."""
@@ -429,56 +368,43 @@ class FileStepStore:
             await write_each(self, writes)
             return
         (run_id,) = run_ids
-        await self._in_turn(run_id, partial(self._write_batch, run_id, writes))
+        await self._runs.write(run_id, partial(self._write_batch, writes=writes))
 
-    def _write_batch(self, run_id: str, writes: StepWrites) -> None:
-        with self._session(run_id, exclusive=True) as index:
-            self._record_tool_effects(index, writes.tool_effects)
-            self._append_events(index, writes.events)
-            for snapshot in writes.snapshots:
-                self._save_snapshot_in(index, snapshot)
+    def _write_batch(self, index: RunIndex, writes: StepWrites) -> None:
+        self._record_tool_effects(index, writes.tool_effects)
+        self._append_events(index, writes.events)
+        for snapshot in writes.snapshots:
+            self._save_snapshot(index, snapshot)
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
-        records = await self._in_turn(run_id, partial(self._tool_effects, run_id))
+        records = await self._tool_effects(run_id)
         return records.get(tool_call_id)
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
-        records = await self._in_turn(run_id, partial(self._tool_effects, run_id))
+        records = await self._tool_effects(run_id)
         unresolved = [record for record in records.values() if record.status == 'started']
         return sorted(unresolved, key=lambda record: record.started_at)
 
     async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
-        records = await self._in_turn(run_id, partial(self._tool_effects, run_id))
+        records = await self._tool_effects(run_id)
         return sorted(records.values(), key=lambda record: (record.started_at, record.tool_call_id))
 
-    def _tool_effects(self, run_id: str) -> dict[str, ToolEffectRecord]:
+    async def _tool_effects(self, run_id: str) -> dict[str, ToolEffectRecord]:
         """A copy of the run's ledger, by tool call id (empty for an unknown run)."""
-        try:
-            with self._session(run_id, exclusive=False) as index:
-                index.effects.catch_up(self._io)
-                return dict(index.effects.records)
-        except RunNotRegistered:
-            return {}
+        return await self._runs.read_in_turn(run_id, self._ledger, absent={})
 
-    # --- collection ---
+    def _ledger(self, index: RunIndex) -> dict[str, ToolEffectRecord]:
+        index.effects.catch_up(self._io)
+        return dict(index.effects.records)
+
+    # --- reclaiming ---
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
-        """Drop message lines no snapshot uses, then unreferenced blobs (see `file/collection.py`)."""
-        return await file_collection.collect_media(self, grace=grace)
+        """Drop message lines no snapshot uses, then unreferenced blobs (see `stores/file/reclaiming.py`)."""
+        return await file_reclaiming.collect_media(self._runs, self.media_store, grace=grace)
 
     # --- lifetime ---
 
     async def aclose(self) -> None:
         """Forget the cached indexes; the store holds no open files between calls and stays usable."""
-        self._indexes.clear()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
+        self._runs.clear()

@@ -17,23 +17,21 @@ directory is gone, so its blobs are no longer referenced.
 from __future__ import annotations
 
 import os
-from bisect import bisect_right
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import anyio.to_thread
 
+from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.stores.file._codec import load_snapshot_file
 from step_persistence.stores.file._index import RunIndex
+from step_persistence.stores.file._io import FileIo
 from step_persistence.stores.file._journal import read_lines
 from step_persistence.stores.file._layout import RunPaths, is_run_directory_name
 from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
-
-if TYPE_CHECKING:
-    from step_persistence.stores.file.store import FileStepStore
+from step_persistence.stores.file._sessions import RunSessions
 
 __all__ = ['collect_media']
 
@@ -55,29 +53,30 @@ def _references(directory: Path) -> set[str]:
     return found
 
 
-def _used_numbers(store: FileStepStore, index: RunIndex) -> set[int] | None:
+def _used_numbers(io: FileIo, index: RunIndex) -> set[int] | None:
     """The message numbers to keep; `None` if a retained snapshot cannot be read."""
-    versions = index.messages.versions
-    keep = {stored[-1].number for stored in versions if stored}
+    messages = index.messages
+    keep = {stored[-1].number for stored in messages.versions if stored}
     for seq, _ in index.snapshots.retained:
         try:
-            _, history = load_snapshot_file(store._io.read_all(index.paths.snapshot(seq)))
+            _, history = load_snapshot_file(io.read_all(index.paths.snapshot(seq)))
         except (OSError, ValueError):
             return None
-        for stored in versions[: history.length]:
-            found = bisect_right(stored, history.through_message, key=lambda version: version.number)
-            if found:
-                keep.add(stored[found - 1].number)
+        for position in range(min(history.length, len(messages.versions))):
+            version = messages.version_at(position, history.through_message)
+            if version is not None:
+                keep.add(version.number)
     return keep
 
 
-def _compact(store: FileStepStore, run_id: str) -> int:
+def _compact(sessions: RunSessions, run_id: str) -> int:
     """Rewrite the run's `messages.jsonl` without the lines no one uses; how many were dropped."""
+    io = sessions.io
     try:
-        with store._session(run_id, exclusive=True) as index:
-            index.snapshots.catch_up(store._io)
-            index.messages.catch_up(store._io)
-            keep = _used_numbers(store, index)
+        with sessions.session(run_id, exclusive=True) as index:
+            index.snapshots.catch_up(io)
+            index.messages.catch_up(io)
+            keep = _used_numbers(io, index)
             if keep is None:
                 return 0
             dropped = {
@@ -86,37 +85,38 @@ def _compact(store: FileStepStore, run_id: str) -> int:
             if not dropped:
                 return 0
             path = index.paths.messages
-            lines = read_lines(path, store._io.read_all(path))
+            lines = read_lines(path, io.read_all(path))
             kept = b''.join(line + b'\n' for span, line in lines if span not in dropped)
-            _replace_incarnation(store, index.paths.lock_file)
-            store._io.write_atomic(path, kept)
+            _replace_incarnation(index.paths.lock_file, fsync=io.fsync)
+            io.write_atomic(path, kept)
     except RunNotRegistered:
         return 0
-    store._indexes.forget(run_id)  # built from the file as it was
+    sessions.forget(run_id)  # built from the file as it was
     return len(dropped)
 
 
-def _replace_incarnation(store: FileStepStore, lock_file: Path) -> None:
+def _replace_incarnation(lock_file: Path, *, fsync: bool) -> None:
     """Give the run a new incarnation token (same length, written in place), so every index restarts."""
     fd = os.open(lock_file, os.O_WRONLY)
     try:
         os.pwrite(fd, new_incarnation().encode('ascii'), 0)
-        if store.fsync:
+        if fsync:
             os.fsync(fd)
     finally:
         os.close(fd)
 
 
-async def collect_media(store: FileStepStore, *, grace: timedelta) -> MediaCollection:
-    """Drop unused message lines of every run, then the blobs no remaining line refers to."""
+async def collect_media(sessions: RunSessions, media_store: MediaStore | None, *, grace: timedelta) -> MediaCollection:
+    """Drop unused message lines of every run under `sessions.directory`, then the blobs of `media_store`
+    no remaining line refers to."""
     grace = validate_grace(grace)
-    run_ids = await anyio.to_thread.run_sync(_run_ids, store.directory)
+    run_ids = await anyio.to_thread.run_sync(_run_ids, sessions.directory)
     reclaimed = 0
     for run_id in run_ids:
-        reclaimed += await store._in_turn(run_id, partial(_compact, store, run_id))
+        reclaimed += await sessions.in_turn(run_id, partial(_compact, sessions, run_id))
 
     async def referenced() -> set[str]:
-        return await anyio.to_thread.run_sync(_references, store.directory)
+        return await anyio.to_thread.run_sync(_references, sessions.directory)
 
-    blobs = await collect_blobs(store.media_store, grace=grace, referenced=referenced)
+    blobs = await collect_blobs(media_store, grace=grace, referenced=referenced)
     return MediaCollection(messages=reclaimed, blobs=blobs)
