@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from step_persistence.media import MediaContext, media_uri_for
-from step_persistence.media.mongo import MAX_CHUNK_SIZE_BYTES, MongoMediaStore
+from step_persistence.stores.mongo.media_store import MAX_CHUNK_SIZE_BYTES, MongoMediaStore
 from support.mongo_helpers import CommandLog, scratch
 from support.servers.mongo import MongoServer, Scratch
 

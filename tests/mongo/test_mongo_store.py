@@ -19,7 +19,7 @@ from step_persistence import (
     ToolEffectRecord,
     from_spec,
 )
-from step_persistence.media.mongo import MongoMediaStore
+from step_persistence.stores.mongo.media_store import MongoMediaStore
 from step_persistence.testing.conformance import sample_history
 from support.mongo_helpers import any_scratch, scratch, snapshot, store_in
 from support.servers.mongo import MongoServer, Scratch

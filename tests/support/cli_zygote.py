@@ -27,12 +27,12 @@ import pymongo  # noqa: F401
 
 import step_persistence.copying
 import step_persistence.media.disk
-import step_persistence.media.mongo
 import step_persistence.media.sql
 import step_persistence.migrations.environment
 import step_persistence.reporting
 import step_persistence.stores.file
 import step_persistence.stores.mongo
+import step_persistence.stores.mongo.media_store
 import step_persistence.stores.sql  # noqa: F401
 from step_persistence.cli import main
 

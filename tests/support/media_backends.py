@@ -28,7 +28,7 @@ from step_persistence.media import (
     SqliteMediaStore,
     parse_media_uri,
 )
-from step_persistence.media.mongo import MongoMediaStore
+from step_persistence.stores.mongo.media_store import MongoMediaStore
 from step_persistence.stores.sql.schema import media
 from support.servers.mongo import Driver, MongoServer
 from support.servers.postgres import PostgresServer

@@ -25,11 +25,11 @@ from step_persistence.media.uri import media_uri_for, parse_media_uri
 from step_persistence.media.walker import externalize_media, restore_media
 
 if TYPE_CHECKING:
-    from step_persistence.media.mongo import MongoMediaStore
     from step_persistence.media.sql import PostgresMediaStore, SqliteMediaStore, SqlMediaStore
+    from step_persistence.stores.mongo.media_store import MongoMediaStore
 
 _LAZY: dict[str, str] = {
-    'MongoMediaStore': 'step_persistence.media.mongo',
+    'MongoMediaStore': 'step_persistence.stores.mongo.media_store',
     'PostgresMediaStore': 'step_persistence.media.sql',
     'SqlMediaStore': 'step_persistence.media.sql',
     'SqliteMediaStore': 'step_persistence.media.sql',

@@ -14,7 +14,7 @@ import inspect
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC
-from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, cast
 
 from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, MongoClient
@@ -22,6 +22,8 @@ from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
 from pymongo.errors import BulkWriteError, DuplicateKeyError, InvalidName
 from pymongo.write_concern import WriteConcern
+
+from step_persistence._urls import redact_url, url_scheme
 
 if TYPE_CHECKING:
     from motor.motor_asyncio import AsyncIOMotorClient
@@ -36,8 +38,24 @@ MongoClientLike: TypeAlias = 'AsyncMongoClient[Any] | AsyncIOMotorClient[Any]'
 Database: TypeAlias = AsyncDatabase[dict[str, Any]]
 """A database handle (a motor database is used through the same, identical, awaitable API)."""
 
+_SCHEMES: Final = ('mongodb', 'mongodb+srv')
+"""The URL schemes the driver reads (lower-case only: `_mongodb_url` lower-cases a caller's)."""
+
 CODEC_OPTIONS: CodecOptions[dict[str, Any]] = CodecOptions(document_class=dict, tz_aware=True, tzinfo=UTC)
 """How the stores read BSON, whatever the caller's client is configured with: dates as aware UTC."""
+
+
+def _mongodb_url(db_url: object) -> str:
+    """`db_url` with its scheme lower-cased (the driver reads only `mongodb://` and `mongodb+srv://`).
+
+    `ValueError` for anything else; the message shows the URL only redacted.
+    """
+    if isinstance(db_url, str) and url_scheme(db_url) == 'mongodb':
+        scheme, _, rest = db_url.partition('://')
+        if scheme.lower() in _SCHEMES:
+            return f'{scheme.lower()}://{rest}'
+    shown = redact_url(db_url) if isinstance(db_url, str) else f'a {type(db_url).__name__}'
+    raise ValueError(f'db_url must be a mongodb:// or mongodb+srv:// URL, got {shown!r}')
 
 
 def _is_motor_client(client: object) -> bool:
@@ -57,7 +75,7 @@ class MongoConnection:
 
     @classmethod
     def open(cls, *, client: object, db_url: object) -> MongoConnection:
-        """Take exactly one of a caller's async client or a `mongodb://` / `mongodb+srv://` URL.
+        """Take exactly one of a caller's async client or a `mongodb://` / `mongodb+srv://` URL (scheme in any case).
 
         Raises `ValueError` when both or neither are given or the URL has another scheme, and
         `TypeError` for anything but an async client (a synchronous `MongoClient` would block
@@ -76,9 +94,7 @@ class MongoConnection:
             raise TypeError(
                 f'client must be a pymongo AsyncMongoClient or a motor AsyncIOMotorClient, got {type(client).__name__}'
             )
-        if not isinstance(db_url, str) or not db_url.startswith(('mongodb://', 'mongodb+srv://')):
-            raise ValueError(f'db_url must be a mongodb:// or mongodb+srv:// URL, got {db_url!r}')
-        return cls(client=AsyncMongoClient(db_url), owned=True)
+        return cls(client=AsyncMongoClient(_mongodb_url(db_url)), owned=True)
 
     def database(self, name: object) -> Database:
         """The database `name`, read with `CODEC_OPTIONS`; `ValueError` for an invalid name.

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from pydantic import BaseModel
+
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
 
 __all__ = [
@@ -122,17 +124,15 @@ def run_from_document(document: Mapping[str, Any]) -> RunRecord:
     )
 
 
-_EVENT_FIELDS = (
-    'kind',
-    'step_index',
-    'conversation_id',
-    'parent_run_id',
-    'agent_name',
-    'tool_call_id',
-    'tool_name',
-    'error',
-    'idempotency_key',
-)
+def _stored_as_is(model: type[BaseModel], *special: str) -> tuple[str, ...]:
+    """The fields of `model` a document holds unchanged: all but `special` (stored otherwise, or not at all).
+
+    Derived from the model, so a field added to a record is stored without a change here.
+    """
+    return tuple(name for name in model.model_fields if name not in special)
+
+
+_EVENT_FIELDS = _stored_as_is(StepEvent, 'run_id', 'timestamp', 'metadata')
 
 
 def event_document(event: StepEvent, *, seq: int) -> dict[str, Any]:
@@ -154,7 +154,7 @@ def event_from_document(document: Mapping[str, Any]) -> StepEvent:
     )
 
 
-_SNAPSHOT_FIELDS = ('step_index', 'conversation_id', 'parent_run_id', 'agent_name', 'state', 'idempotency_key')
+_SNAPSHOT_FIELDS = _stored_as_is(ContinuableSnapshot, 'run_id', 'seq', 'messages', 'timestamp')
 
 
 def snapshot_document(

@@ -7,10 +7,13 @@ from typing import Any, Final
 
 import bson
 
-__all__ = ['MAX_DOCUMENT_BYTES', 'check_document_size']
+__all__ = ['MAX_DOCUMENT_BYTES', 'WIDEST_NUMBER', 'check_document_size']
 
 MAX_DOCUMENT_BYTES: Final = 16 * 1024 * 1024
 """MongoDB's maximum BSON document size (16 MiB)."""
+
+WIDEST_NUMBER: Final = 2**62
+"""A number as wide as any real one in BSON, for measuring a document before numbering it."""
 
 _GENERATED_ID_BYTES: Final = 17
 """What the driver's generated `_id` (an ObjectId) adds to a document that has none."""

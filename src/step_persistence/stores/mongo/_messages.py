@@ -19,15 +19,12 @@ from pymongo.errors import BulkWriteError
 
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence.stores._media import MessageMedia, PackedMessage
+from step_persistence.stores._positions import RunHead
 from step_persistence.stores.mongo._client import Database, aggregate_all
-from step_persistence.stores.mongo._heads import RunHead
 from step_persistence.stores.mongo._indexes import MESSAGE_NUMBER_INDEX, is_duplicate_on
-from step_persistence.stores.mongo._limits import check_document_size
+from step_persistence.stores.mongo._limits import WIDEST_NUMBER, check_document_size
 
 __all__ = ['MessageStore', 'message_document']
-
-_WIDEST_NUMBER: Final = 2**62
-"""A number as wide as any real one in BSON, for measuring a document before numbering it."""
 
 _TOO_LARGE_HINT: Final = (
     ': payloads at or above media_threshold_bytes go to the media store, so this message holds '
@@ -66,7 +63,7 @@ class MessageStore:
         """The message as it will be stored (payloads moved to the media store); `ValueError` if over 16 MiB."""
         packed = await self._media.pack_message(message)
         check_document_size(
-            message_document(run_id, no=_WIDEST_NUMBER, position=_WIDEST_NUMBER, digest=message.digest, packed=packed),
+            message_document(run_id, no=WIDEST_NUMBER, position=WIDEST_NUMBER, digest=message.digest, packed=packed),
             what=f'message {message.digest[:12]}',
             run_id=run_id,
             hint=_TOO_LARGE_HINT,

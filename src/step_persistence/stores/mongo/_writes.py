@@ -28,20 +28,17 @@ from pymongo.errors import BulkWriteError
 from step_persistence.records import ContinuableSnapshot, StepEvent, StepWrites, ToolEffectRecord
 from step_persistence.retention import retained_seqs
 from step_persistence.stores._idempotency import first_per_key
+from step_persistence.stores._positions import RunHead
 from step_persistence.stores.mongo._client import Database
 from step_persistence.stores.mongo._counters import Allocation, Counters
 from step_persistence.stores.mongo._documents import event_document, snapshot_document, tool_effect_update
-from step_persistence.stores.mongo._heads import RunHead
 from step_persistence.stores.mongo._histories import HistoryWrite
 from step_persistence.stores.mongo._indexes import TOOL_CALL_INDEX, is_duplicate_on, is_idempotency_conflict
 from step_persistence.stores.mongo._known_runs import KnownRuns
-from step_persistence.stores.mongo._limits import check_document_size
+from step_persistence.stores.mongo._limits import WIDEST_NUMBER, check_document_size
 from step_persistence.stores.mongo._messages import MessageStore
 
 __all__ = ['RunWriter', 'RunWrites', 'by_run']
-
-_WIDEST_NUMBER: Final = 2**62
-"""A number as wide as any real one in BSON, for measuring a document before numbering it."""
 
 _PRUNED: Final = {'$set': {'pruned': True}, '$unset': {'state': '', 'history_length': '', 'through_message': ''}}
 """Turns a pruned snapshot that has an idempotency key into a tombstone that keeps the key used."""
@@ -109,11 +106,11 @@ class RunWriter:
         snapshots = first_per_key(writes.snapshots)
         effect_updates = [self._effect_update(record) for record in writes.tool_effects]
         for event in events:
-            check_document_size(event_document(event, seq=_WIDEST_NUMBER), what='an event', run_id=run_id)
+            check_document_size(event_document(event, seq=WIDEST_NUMBER), what='an event', run_id=run_id)
         for snapshot in snapshots:
             check_document_size(
                 snapshot_document(
-                    snapshot, seq=_WIDEST_NUMBER, history_length=_WIDEST_NUMBER, through_message=_WIDEST_NUMBER
+                    snapshot, seq=WIDEST_NUMBER, history_length=WIDEST_NUMBER, through_message=WIDEST_NUMBER
                 ),
                 what='a snapshot',
                 run_id=run_id,
@@ -172,7 +169,7 @@ class RunWriter:
         """The run's message head: the remembered one, or one read from the database."""
         head = self._known_runs.head(run_id)
         if head is None:
-            head = RunHead(registration=await self._counters.registration(run_id))
+            head = RunHead(incarnation=await self._counters.registration(run_id))
             await self._messages.catch_up(run_id, head)
         return head
 
@@ -184,11 +181,11 @@ class RunWriter:
         head: RunHead,
         allocation: Allocation,
     ) -> None:
-        if head.registration is None:
-            head.registration = allocation.registration
-        elif head.registration != allocation.registration:
+        if head.incarnation is None:
+            head.incarnation = allocation.registration
+        elif head.incarnation != allocation.registration:
             # The run was deleted and registered again since this head was read (by another store).
-            head = RunHead(registration=allocation.registration)
+            head = RunHead(incarnation=allocation.registration)
             await self._messages.catch_up(run_id, head)
         throughs = await histories.write(head)
         self._known_runs.remember(run_id, head)

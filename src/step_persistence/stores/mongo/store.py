@@ -11,14 +11,14 @@ from __future__ import annotations
 from collections.abc import Collection
 from datetime import datetime, timedelta
 from functools import partial
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
 from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError
 
 from step_persistence import lifecycle
-from step_persistence._reading import read_or_skip, read_or_skip_async
+from step_persistence._closing import ClosesOnExit
+from step_persistence._reading import read_each, read_or_skip, read_or_skip_async
 from step_persistence.media.protocol import MediaStore
 from step_persistence.media.walker import DEFAULT_THRESHOLD_BYTES
 from step_persistence.reclaiming import MediaCollection
@@ -33,7 +33,8 @@ from step_persistence.records import (
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import MediaSetting, MessageMedia
-from step_persistence.stores.mongo import _collection as mongo_collection
+from step_persistence.stores._positions import RunHead
+from step_persistence.stores.mongo._call_order import CallOrder
 from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
 from step_persistence.stores.mongo._counters import Counters
 from step_persistence.stores.mongo._documents import (
@@ -43,14 +44,14 @@ from step_persistence.stores.mongo._documents import (
     snapshot_from_document,
     tool_effect_from_document,
 )
-from step_persistence.stores.mongo._heads import RunHead
 from step_persistence.stores.mongo._indexes import STEP_INDEXES, IndexSetup
 from step_persistence.stores.mongo._known_runs import KnownRuns
 from step_persistence.stores.mongo._lifecycle import RUN_ORDER, TOOL_EFFECT_ORDER, started_before_query
 from step_persistence.stores.mongo._limits import check_document_size
 from step_persistence.stores.mongo._messages import MessageStore
-from step_persistence.stores.mongo._ordering import RunOrder
+from step_persistence.stores.mongo._reclaiming import collect_media
 from step_persistence.stores.mongo._writes import RunWriter, RunWrites, by_run
+from step_persistence.stores.mongo.media_store import MongoMediaStore
 
 __all__ = ['MongoStepStore']
 
@@ -58,7 +59,7 @@ _LATEST_PAGE: Final = 4
 """How many snapshot headers `latest_snapshot` reads at a time while skipping unreadable ones."""
 
 
-class MongoStepStore:
+class MongoStepStore(ClosesOnExit):
     """Runs, events, snapshots and tool effects in one MongoDB database.
 
     Give exactly one of `client` (a pymongo `AsyncMongoClient` or motor `AsyncIOMotorClient`
@@ -99,7 +100,7 @@ class MongoStepStore:
         self._snapshots = self._db['snapshots']
         self._effects = self._db['tool_effects']
         self._known_runs = KnownRuns()
-        self._order = RunOrder()
+        self._order = CallOrder()
         self._writer = RunWriter(
             self._db,
             counters=self._counters,
@@ -109,9 +110,6 @@ class MongoStepStore:
         )
 
     def _default_media_store(self) -> MediaStore:
-        # Imported here: the media module builds on this package's client helpers.
-        from step_persistence.media.mongo import MongoMediaStore
-
         return MongoMediaStore(client=self._connection.client, database=self._db.name)
 
     @property
@@ -140,7 +138,7 @@ class MongoStepStore:
         except DuplicateKeyError:
             raise ValueError(f'run {record.run_id!r} is already registered') from None
         await self._counters.start_run(record.run_id, registration)
-        self._known_runs.remember(record.run_id, RunHead(registration=registration))
+        self._known_runs.remember(record.run_id, RunHead(incarnation=registration))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         document = await self._order.read(run_id, partial(self._runs.find_one, {'_id': run_id}))
@@ -157,11 +155,8 @@ class MongoStepStore:
         return await self._find_runs(query)
 
     async def _find_runs(self, query: dict[str, Any]) -> list[RunRecord]:
-        records = [
-            read_or_skip(f'run {document.get("_id")!r}', partial(run_from_document, document))
-            async for document in self._runs.find(query).sort(RUN_ORDER)
-        ]
-        return [record for record in records if record is not None]
+        documents = await self._runs.find(query).sort(RUN_ORDER).to_list(None)
+        return read_each(documents, lambda document: f'run {document.get("_id")!r}', run_from_document)
 
     # --- writes ---
 
@@ -192,11 +187,9 @@ class MongoStepStore:
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         cursor = self._events.find({'run_id': run_id}).sort('seq', ASCENDING)
         documents = await self._order.read(run_id, partial(cursor.to_list, None))
-        events = (
-            read_or_skip(f'event {document.get("seq")!r} of run {run_id!r}', partial(event_from_document, document))
-            for document in documents
+        return read_each(
+            documents, lambda document: f'event {document.get("seq")!r} of run {run_id!r}', event_from_document
         )
-        return [event for event in events if event is not None]
 
     # --- snapshots ---
 
@@ -266,14 +259,11 @@ class MongoStepStore:
     async def _tool_effects(self, run_id: str, query: dict[str, Any]) -> list[ToolEffectRecord]:
         cursor = self._effects.find(query).sort(TOOL_EFFECT_ORDER)
         documents = await self._order.read(run_id, partial(cursor.to_list, None))
-        records = (
-            read_or_skip(
-                f'tool effect {document.get("tool_call_id")!r} of run {run_id!r}',
-                partial(tool_effect_from_document, document),
-            )
-            for document in documents
+        return read_each(
+            documents,
+            lambda document: f'tool effect {document.get("tool_call_id")!r} of run {run_id!r}',
+            tool_effect_from_document,
         )
-        return [record for record in records if record is not None]
 
     # --- deletion and lifetime ---
 
@@ -313,8 +303,8 @@ class MongoStepStore:
         await self._runs.delete_one({'_id': run_id})
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
-        """Delete message documents no snapshot uses and unreferenced blobs (see `_collection.py`)."""
-        return await mongo_collection.collect_media(self._db, self.media_store, grace=grace)
+        """Delete message documents no snapshot uses and unreferenced blobs (see `_reclaiming.py`)."""
+        return await collect_media(self._db, self.media_store, grace=grace)
 
     async def aclose(self) -> None:
         """Finish writes still running, then close the client if the store built it from `db_url`.
@@ -323,14 +313,3 @@ class MongoStepStore:
         """
         await self._order.drain()
         await self._connection.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

@@ -18,9 +18,9 @@ import json
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
-from types import TracebackType
-from typing import Any, Final, Self
+from typing import Any, Final
 
+from step_persistence._closing import ClosesOnExit
 from step_persistence.media.clock import media_now
 from step_persistence.media.keys import blob_key, resolve_public_url, uri_of_key
 from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, StoredBlob
@@ -53,7 +53,7 @@ def _utc(value: Any) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
-class MongoMediaStore:
+class MongoMediaStore(ClosesOnExit):
     """Content-addressed blobs in a MongoDB database (see the module docstring for the layout).
 
     Give exactly one of `client` (a pymongo `AsyncMongoClient` or motor `AsyncIOMotorClient`,
@@ -195,11 +195,3 @@ class MongoMediaStore:
     async def aclose(self) -> None:
         """Close the client if the store built it from `db_url`; a caller's client stays open."""
         await self._connection.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
