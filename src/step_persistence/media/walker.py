@@ -27,6 +27,7 @@ from typing import Any, Final
 
 import anyio
 
+from step_persistence._lru import BoundedLru
 from step_persistence.media.clock import REUSE_WINDOW, media_now
 from step_persistence.media.protocol import MediaContext, MediaStore, TouchableMediaStore
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
@@ -57,7 +58,7 @@ _CONCURRENCY: Final = 8
 """At most this many puts (or gets) of one tree run at once."""
 
 _KNOWN_LIMIT: Final = 100_000
-"""How many stored blobs this process remembers per media store."""
+"""How many stored blobs this process remembers per media store (the least recently used are forgotten)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,37 +254,39 @@ class _KnownBlobs:
     """
 
     def __init__(self) -> None:
-        self._by_store: weakref.WeakKeyDictionary[Any, dict[tuple[str, str | None], datetime]] = (
+        self._by_store: weakref.WeakKeyDictionary[Any, BoundedLru[str, dict[str | None, datetime]]] = (
             weakref.WeakKeyDictionary()
         )
+        """Per store, by blob URI: when the blob was seen stored, per media type it was stored under."""
+
+    def _of(self, store: MediaStore) -> BoundedLru[str, dict[str | None, datetime]] | None:
+        try:
+            return self._by_store.get(store)
+        except TypeError:  # a store that cannot be weakly referenced is never remembered
+            return None
 
     def contains(self, store: MediaStore, key: tuple[str, str | None]) -> bool:
-        try:
-            seen = self._by_store.get(store, {}).get(key)
-        except TypeError:
-            return False
+        uri, media_type = key
+        known = self._of(store)
+        seen = None if known is None else (known.get(uri) or {}).get(media_type)
         return seen is not None and media_now() - seen < REUSE_WINDOW
 
     def add(self, store: MediaStore, key: tuple[str, str | None], *, at: datetime | None = None) -> None:
         if getattr(store, 'transactional', False):
             return
-        try:
-            known = self._by_store.setdefault(store, {})
-        except TypeError:
-            return
-        known.pop(key, None)
-        known[key] = media_now() if at is None else at
-        if len(known) > _KNOWN_LIMIT:
-            del known[next(iter(known))]
+        known = self._of(store)
+        if known is None:
+            try:
+                known = self._by_store[store] = BoundedLru(_KNOWN_LIMIT)
+            except TypeError:
+                return
+        uri, media_type = key
+        known.get_or_build(uri, dict)[media_type] = media_now() if at is None else at
 
     def forget(self, store: MediaStore, uri: str) -> None:
-        try:
-            known = self._by_store.get(store)
-        except TypeError:
-            return
-        if known:
-            for key in [key for key in known if key[0] == uri]:
-                del known[key]
+        known = self._of(store)
+        if known is not None:
+            known.pop(uri)
 
 
 _known = _KnownBlobs()
