@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -124,3 +125,33 @@ async def test_a_write_whose_caller_is_cancelled_still_lands_before_later_calls(
         await first
     kinds = [event.kind for event in await store.list_events(run_id='order')]
     assert kinds == ['tool_call_completed', 'tool_call_failed']
+
+
+async def test_a_write_whose_caller_is_cancelled_logs_its_failure(
+    scratch: Scratch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = store_in(scratch)
+    write = asyncio.create_task(store.append_event(StepEvent(run_id='unregistered', kind='run_started', step_index=0)))
+    await asyncio.sleep(0)
+    write.cancel()
+    with caplog.at_level(logging.WARNING, logger='step_persistence'), pytest.raises(asyncio.CancelledError):
+        await write
+    assert any('caller was cancelled failed' in record.getMessage() for record in caplog.records)
+    assert any('LookupError' in record.getMessage() for record in caplog.records)
+
+
+async def test_aclose_waits_for_a_write_whose_cancelled_caller_is_not_awaited(scratch: Scratch) -> None:
+    database = scratch.fresh_database()
+    store = store_in(scratch, database)
+    await store.register_run(RunRecord(run_id='closing'))
+    write = asyncio.create_task(
+        store.append_event(StepEvent(run_id='closing', kind='tool_call_completed', step_index=1))
+    )
+    await asyncio.sleep(0)
+    write.cancel()
+    await store.aclose()
+    assert [event.kind for event in await store_in(scratch, database).list_events(run_id='closing')] == [
+        'tool_call_completed'
+    ]
+    with pytest.raises(asyncio.CancelledError):
+        await write

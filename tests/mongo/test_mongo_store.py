@@ -66,6 +66,20 @@ def test_bad_arguments_are_value_errors(arguments: dict[str, Any], message: str)
         MongoStepStore(**arguments)
 
 
+@pytest.mark.parametrize('url', ['postgresql://app:s3cret@host/db', 'mongodb+other://app:s3cret@host/db'])
+def test_a_refused_url_is_shown_without_its_password(url: str) -> None:
+    with pytest.raises(ValueError, match='mongodb:// or mongodb\\+srv://') as refused:
+        MongoStepStore(db_url=url, database='db')
+    assert 's3cret' not in str(refused.value) and 'app:***@host' in str(refused.value)
+
+
+async def test_the_url_scheme_may_be_written_in_any_case(mongo_server: MongoServer, scratch: Scratch) -> None:
+    scheme, _, rest = mongo_server.uri.partition('://')
+    async with MongoStepStore(db_url=f'{scheme.upper()}://{rest}', database=scratch.fresh_database()) as store:
+        await store.register_run(RunRecord(run_id='upper-case-scheme'))
+        assert await store.get_run(run_id='upper-case-scheme') is not None
+
+
 async def test_a_store_built_from_a_url_closes_its_client(mongo_server: MongoServer, scratch: Scratch) -> None:
     store = MongoStepStore(db_url=mongo_server.uri, database=scratch.fresh_database())
     await store.register_run(RunRecord(run_id='owned'))
