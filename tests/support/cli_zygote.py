@@ -27,7 +27,6 @@ import pymongo  # noqa: F401
 
 import step_persistence.copying
 import step_persistence.media.disk
-import step_persistence.media.sql
 import step_persistence.migrations.environment
 import step_persistence.reporting
 import step_persistence.stores.file

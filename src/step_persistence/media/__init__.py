@@ -25,14 +25,14 @@ from step_persistence.media.uri import media_uri_for, parse_media_uri
 from step_persistence.media.walker import externalize_media, restore_media
 
 if TYPE_CHECKING:
-    from step_persistence.media.sql import PostgresMediaStore, SqliteMediaStore, SqlMediaStore
     from step_persistence.stores.mongo.media_store import MongoMediaStore
+    from step_persistence.stores.sql import PostgresMediaStore, SqliteMediaStore, SqlMediaStore
 
 _LAZY: dict[str, str] = {
     'MongoMediaStore': 'step_persistence.stores.mongo.media_store',
-    'PostgresMediaStore': 'step_persistence.media.sql',
-    'SqlMediaStore': 'step_persistence.media.sql',
-    'SqliteMediaStore': 'step_persistence.media.sql',
+    'PostgresMediaStore': 'step_persistence.stores.sql',
+    'SqlMediaStore': 'step_persistence.stores.sql',
+    'SqliteMediaStore': 'step_persistence.stores.sql',
 }
 """Stores imported on first use: the MongoDB driver is optional, and SQLAlchemy with Alembic is heavy."""
 

@@ -39,7 +39,14 @@ from step_persistence.stores.sql.engines import (
 )
 from step_persistence.stores.sql.executors import AsyncExecutor, Executor, Operation, ThreadExecutor
 
-__all__ = ['DEFAULT_BUSY_TIMEOUT', 'SQLITE_THREADS', 'Database', 'SqliteSynchronous']
+__all__ = ['DEFAULT_BUSY_TIMEOUT', 'SQLITE_THREADS', 'Database', 'DatabaseTarget', 'SqliteSynchronous', 'SqliteTarget']
+
+DatabaseTarget = str | URL | AsyncEngine | AsyncConnection
+"""What a SQL store is opened on: a URL (the store owns its engine), an application's engine or connection."""
+
+SqliteTarget = str | os.PathLike[str] | AsyncEngine | AsyncConnection | None
+"""What a SQLite front door is opened on besides a `sqlite3.Connection`: a path (`None`: `runs.db`),
+`':memory:'`, or an application's SQLite engine or connection (see `Database.for_sqlite`)."""
 
 DEFAULT_BUSY_TIMEOUT = 30.0
 """Seconds a SQLite writer waits for another connection's write lock before failing."""
@@ -84,22 +91,18 @@ class Database:
         self.description = description
         self.in_caller_transaction = in_caller_transaction
         """Whether operations run in a transaction the caller controls (an `AsyncConnection` was given)."""
+        self.migrated = False
+        """Whether this process brought the tables to the newest revision; the stores sharing this database
+        (a step store and its media store) share it (see `DatabaseStore`)."""
+        self.migration_lock = asyncio.Lock()
+        """Held while one of those stores migrates, so that concurrent first operations wait for one migration."""
         self._options: Mapping[str, Any] = {} if schema is None else {'schema_translate_map': {None: schema}}
         self._executor = executor
         self._owns_engine = owns_engine
-        self._schema_ready = False
-        self._schema_lock = asyncio.Lock()
 
     @classmethod
-    def open(cls, target: str | URL | AsyncEngine | AsyncConnection | Database, *, schema: str | None) -> Database:
-        """The database a store is built on: from a URL (owned), an engine or a connection (borrowed).
-
-        A `Database` is returned as it is (the schema belongs to it already).
-        """
-        if isinstance(target, Database):
-            if schema is not None:
-                raise TypeError('pass the schema to the Database, not to the store')
-            return target
+    def open(cls, target: DatabaseTarget, *, schema: str | None) -> Database:
+        """The database a store is built on: from a URL (owned), an engine or a connection (borrowed)."""
         if isinstance(target, AsyncEngine | AsyncConnection):
             return cls.borrowing(target, schema=schema)
         if isinstance(target, str | URL):
@@ -142,7 +145,7 @@ class Database:
     @classmethod
     def for_sqlite(
         cls,
-        database: str | os.PathLike[str] | AsyncEngine | AsyncConnection | None,
+        database: SqliteTarget,
         *,
         connection: sqlite3.Connection | None,
         busy_timeout: float,
@@ -173,9 +176,7 @@ class Database:
         )
 
     @classmethod
-    def for_postgres(
-        cls, url_or_engine: str | URL | AsyncEngine | AsyncConnection, *, schema: str | None, owner: str
-    ) -> Database:
+    def for_postgres(cls, url_or_engine: DatabaseTarget, *, schema: str | None, owner: str) -> Database:
         """The database of a PostgreSQL front door (`owner` names it in errors): a URL, engine or connection."""
         if isinstance(url_or_engine, AsyncEngine | AsyncConnection):
             if url_or_engine.dialect.name != 'postgresql':
@@ -234,23 +235,6 @@ class Database:
                     f'({error.orig})'
                 ) from error
             raise
-
-    async def migrate(self) -> None:
-        """Create or upgrade the schema to the newest revision, and remember that it is up to date."""
-        from step_persistence.stores.sql.migrate import upgrade  # Alembic is imported only to migrate
-
-        await upgrade(self)
-        self._schema_ready = True
-
-    async def ready(self, *, auto_migrate: bool) -> None:
-        """With `auto_migrate`, migrate unless the schema is known to be up to date; concurrent callers
-        wait for one migration. Stores sharing this database (a step store and its media store) share
-        this knowledge."""
-        if not auto_migrate or self._schema_ready:
-            return
-        async with self._schema_lock:
-            if not self._schema_ready:
-                await self.migrate()
 
     async def aclose(self) -> None:
         """Dispose of the engine if this database created it; borrowed engines and connections stay open."""

@@ -1,15 +1,18 @@
-"""`PostgresStepStore`: the SQL store on PostgreSQL through asyncpg (extra `step-persistence[postgres]`)."""
+"""The PostgreSQL front doors, `PostgresStepStore` and `PostgresMediaStore` (asyncpg: `step-persistence[postgres]`).
+
+Both open their database with `Database.for_postgres` (a URL, engine or connection, and an
+optional schema), so the two take it the same way.
+"""
 
 from __future__ import annotations
 
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
-
+from step_persistence.media.protocol import PublicUrlResolver
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting
-from step_persistence.stores.sql.database import Database
+from step_persistence.stores.sql.database import Database, DatabaseTarget
+from step_persistence.stores.sql.media_store import SqlMediaStore
 from step_persistence.stores.sql.store import SqlStepStore
 
-__all__ = ['PostgresStepStore']
+__all__ = ['PostgresMediaStore', 'PostgresStepStore']
 
 
 class PostgresStepStore(SqlStepStore):
@@ -28,7 +31,7 @@ class PostgresStepStore(SqlStepStore):
 
     def __init__(
         self,
-        url_or_engine: str | URL | AsyncEngine | AsyncConnection,
+        url_or_engine: DatabaseTarget,
         schema: str | None = None,
         *,
         auto_migrate: bool = True,
@@ -36,10 +39,29 @@ class PostgresStepStore(SqlStepStore):
         media_store: MediaSetting = 'auto',
         media_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
     ) -> None:
-        super().__init__(
+        self._start(
             Database.for_postgres(url_or_engine, schema=schema, owner='PostgresStepStore'),
             auto_migrate=auto_migrate,
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+        )
+
+
+class PostgresMediaStore(SqlMediaStore):
+    """A SQL media store on PostgreSQL (asyncpg): a `postgresql://` URL, an `AsyncEngine` or an
+    `AsyncConnection`, and an optional schema, as for `PostgresStepStore`."""
+
+    def __init__(
+        self,
+        url_or_engine: DatabaseTarget,
+        schema: str | None = None,
+        *,
+        auto_migrate: bool = True,
+        public_url: PublicUrlResolver | None = None,
+    ) -> None:
+        self._start(
+            Database.for_postgres(url_or_engine, schema=schema, owner='PostgresMediaStore'),
+            auto_migrate=auto_migrate,
+            public_url=public_url,
         )

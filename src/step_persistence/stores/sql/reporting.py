@@ -66,8 +66,7 @@ async def read_report(store: SqlStepStore) -> tuple[list[RunSummary], list[ToolS
     Statuses are judged by the database's clock. Like every read of the store, this creates or
     upgrades the schema first when the store migrates automatically.
     """
-    await store._ready()
-    database = store._db
+    database = await store.ready_database()
     summaries = (
         select(run_summary).join(runs, runs.c.run_id == run_summary.c.run_id).order_by(runs.c.started_at, runs.c.id)
     )

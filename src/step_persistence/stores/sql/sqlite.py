@@ -1,19 +1,23 @@
-"""`SqliteStepStore`: the embedded default, one SQLite file per database and no setup."""
+"""The SQLite front doors: `SqliteStepStore`, the embedded default, and `SqliteMediaStore`, one file and no setup.
+
+Both open their database with `Database.for_sqlite` (a path, `':memory:'`, a caller's
+`sqlite3.Connection`, engine or connection), so the two take it the same way.
+"""
 
 from __future__ import annotations
 
-import os
 import sqlite3
 
 from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
+from step_persistence.media.protocol import PublicUrlResolver
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting
-from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database, SqliteSynchronous
+from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database, SqliteSynchronous, SqliteTarget
 from step_persistence.stores.sql.dialects import redact, resolve_url
+from step_persistence.stores.sql.media_store import SqlMediaStore
 from step_persistence.stores.sql.store import SqlStepStore
 
-__all__ = ['SqliteStepStore', 'database_from_url']
+__all__ = ['SqliteMediaStore', 'SqliteStepStore', 'database_from_url']
 
 
 class SqliteStepStore(SqlStepStore):
@@ -37,7 +41,7 @@ class SqliteStepStore(SqlStepStore):
 
     def __init__(
         self,
-        database: str | os.PathLike[str] | AsyncEngine | AsyncConnection | None = None,
+        database: SqliteTarget = None,
         *,
         connection: sqlite3.Connection | None = None,
         auto_migrate: bool = True,
@@ -47,7 +51,7 @@ class SqliteStepStore(SqlStepStore):
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: SqliteSynchronous = 'NORMAL',
     ) -> None:
-        super().__init__(
+        self._start(
             Database.for_sqlite(
                 database,
                 connection=connection,
@@ -59,6 +63,27 @@ class SqliteStepStore(SqlStepStore):
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
             media_threshold_bytes=media_threshold_bytes,
+        )
+
+
+class SqliteMediaStore(SqlMediaStore):
+    """A SQL media store on SQLite: a path (default `runs.db`, created on first use), `':memory:'`,
+    a caller's `sqlite3.Connection` (`connection=`), or a SQLite `AsyncEngine`/`AsyncConnection`,
+    with the same ownership and commit rules as `SqliteStepStore`."""
+
+    def __init__(
+        self,
+        database: SqliteTarget = None,
+        *,
+        connection: sqlite3.Connection | None = None,
+        auto_migrate: bool = True,
+        public_url: PublicUrlResolver | None = None,
+        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
+    ) -> None:
+        self._start(
+            Database.for_sqlite(database, connection=connection, busy_timeout=busy_timeout, owner='SqliteMediaStore'),
+            auto_migrate=auto_migrate,
+            public_url=public_url,
         )
 
 

@@ -13,12 +13,9 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from sqlalchemy import and_, select
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from step_persistence import lifecycle
 from step_persistence._reading import read_or_skip, read_or_skip_async
@@ -37,9 +34,11 @@ from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
 from step_persistence.stores.sql import lifecycle as sql_lifecycle
 from step_persistence.stores.sql import reclaiming, rows
-from step_persistence.stores.sql.database import Database
+from step_persistence.stores.sql.database import Database, DatabaseTarget
+from step_persistence.stores.sql.database_store import DatabaseStore
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.histories import HistoryRows, NeedsPacking
+from step_persistence.stores.sql.media_store import SqlMediaStore
 from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
 from step_persistence.stores.sql.statements import WriteStatements
 from step_persistence.stores.sql.writes import Writes
@@ -56,7 +55,7 @@ class _FetchedSnapshot:
     found: list[Any]
 
 
-class SqlStepStore:
+class SqlStepStore(DatabaseStore):
     """Runs, events, snapshots and tool effects in a SQL database (SQLite or PostgreSQL).
 
     `target` is one of:
@@ -86,7 +85,7 @@ class SqlStepStore:
 
     def __init__(
         self,
-        target: str | URL | AsyncEngine | AsyncConnection | Database,
+        target: DatabaseTarget,
         *,
         schema: str | None = None,
         auto_migrate: bool = True,
@@ -94,42 +93,46 @@ class SqlStepStore:
         media_store: MediaSetting = 'auto',
         media_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
     ) -> None:
+        self._start(
+            Database.open(target, schema=schema),
+            auto_migrate=auto_migrate,
+            max_snapshots_per_run=max_snapshots_per_run,
+            media_store=media_store,
+            media_threshold_bytes=media_threshold_bytes,
+        )
+
+    def _start(
+        self,
+        database: Database,
+        *,
+        auto_migrate: bool,
+        max_snapshots_per_run: int | None,
+        media_store: MediaSetting,
+        media_threshold_bytes: int,
+    ) -> None:
+        """Build the store on `database` (what every constructor of this class and of its front doors ends in)."""
         self.max_snapshots_per_run = validate_max_snapshots(max_snapshots_per_run)
-        self._db = Database.open(target, schema=schema)
-        self._auto_migrate = auto_migrate
-        self._own_media_store: MediaStore | None = None
+        self._attach(database, auto_migrate=auto_migrate)
+        self._own_media_store: SqlMediaStore | None = None
         media = MessageMedia.resolve(media_store, media_threshold_bytes, default=self._default_media_store)
         self.media_store: MediaStore | None = media.store
         """Where large message payloads go; `None` when they stay inline."""
         self.media_threshold_bytes = media.threshold_bytes
-        statements = WriteStatements.for_dialect(self._db.dialect_name)
+        statements = WriteStatements.for_dialect(database.dialect_name)
         self._histories = HistoryRows(
-            self._db,
+            database,
             media,
             statements,
             staged_media=self._own_media_store,
-            cache_heads=not self._db.in_caller_transaction,
+            cache_heads=not database.in_caller_transaction,
         )
         self._writes = Writes(statements, self._histories, max_snapshots=self.max_snapshots_per_run)
 
     def _default_media_store(self) -> MediaStore:
-        # Imported here: step_persistence.media.sql builds on this package.
-        from step_persistence.media.sql import SqlMediaStore
-
         self._own_media_store = SqlMediaStore.sharing(self._db, auto_migrate=self._auto_migrate)
         return self._own_media_store
 
-    def __repr__(self) -> str:
-        return f'{type(self).__name__}({self._db.description})'
-
     # --- plumbing ---
-
-    async def migrate(self) -> None:
-        """Create or upgrade the schema to the newest revision (what `auto_migrate` does on first use)."""
-        await self._db.migrate()
-
-    async def _ready(self) -> None:
-        await self._db.ready(auto_migrate=self._auto_migrate)
 
     async def _read(self, statement: Any) -> list[Any]:
         """The rows of one query, read in a transaction of its own."""
@@ -325,18 +328,3 @@ class SqlStepStore:
         """Delete message rows no snapshot uses and unreferenced blobs (see `stores/sql/reclaiming.py`)."""
         await self._ready()
         return await reclaiming.collect_media(self._db, self.media_store, grace=grace)
-
-    async def aclose(self) -> None:
-        """Dispose of the engine if the store created it from a URL; never touch a caller's engine or connection."""
-        await self._db.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()

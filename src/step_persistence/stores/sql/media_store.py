@@ -1,37 +1,34 @@
-"""SQL media stores: one row per blob in the `media` table of a step-persistence database.
+"""`SqlMediaStore`: one row per blob in the `media` table of a step-persistence database.
 
 `SqlMediaStore` takes a URL, an `AsyncEngine` or an `AsyncConnection`, with the same ownership
-rules as `SqlStepStore`; `SqliteMediaStore` and `PostgresMediaStore` are its named front doors.
-A `SqlStepStore` with `media_store='auto'` uses one on its own database and writes the blob rows
-in its own write transactions (see `stores/sql/blobs.py` and docs/sql.md).
+rules as `SqlStepStore`; `SqliteMediaStore` and `PostgresMediaStore` (in `sqlite.py` and
+`postgres.py`) are its named front doors. A `SqlStepStore` with `media_store='auto'` uses one on
+its own database and writes the blob rows in its own write transactions (see `blobs.py` and
+docs/sql.md).
 """
 
 from __future__ import annotations
 
-import os
-import sqlite3
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
-from types import TracebackType
-from typing import Any, Self
+from typing import Any
 
 from sqlalchemy import delete, func, select, update
-from sqlalchemy.engine import URL
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from step_persistence.media.clock import media_now
 from step_persistence.media.keys import resolve_public_url
 from step_persistence.media.protocol import NO_CONTEXT, MediaContext, PublicUrlResolver, StoredBlob
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
 from step_persistence.stores.sql.blobs import BlobWriter, blob_row
-from step_persistence.stores.sql.database import DEFAULT_BUSY_TIMEOUT, Database
+from step_persistence.stores.sql.database import Database, DatabaseTarget
+from step_persistence.stores.sql.database_store import DatabaseStore
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import media
 
-__all__ = ['PostgresMediaStore', 'SqlMediaStore', 'SqliteMediaStore']
+__all__ = ['SqlMediaStore']
 
 
-class SqlMediaStore:
+class SqlMediaStore(DatabaseStore):
     """Content-addressed blobs as rows of the `media` table (SQLite `BLOB`, PostgreSQL `BYTEA`).
 
     `target` is a URL (`sqlite:///runs.db`, `postgresql://...`; the store owns its engine and
@@ -53,36 +50,34 @@ class SqlMediaStore:
 
     def __init__(
         self,
-        target: str | URL | AsyncEngine | AsyncConnection | Database,
+        target: DatabaseTarget,
         *,
         schema: str | None = None,
         auto_migrate: bool = True,
         public_url: PublicUrlResolver | None = None,
     ) -> None:
-        self._db = Database.open(target, schema=schema)
-        self._owns_database = True
-        self._auto_migrate = auto_migrate
+        self._start(Database.open(target, schema=schema), auto_migrate=auto_migrate, public_url=public_url)
+
+    def _start(
+        self,
+        database: Database,
+        *,
+        auto_migrate: bool,
+        public_url: PublicUrlResolver | None,
+        owns_database: bool = True,
+    ) -> None:
+        """Build the store on `database` (what every constructor of this class and of its front doors ends in)."""
+        self._attach(database, auto_migrate=auto_migrate, owns_database=owns_database)
         self._public_url = public_url
-        self._blobs = BlobWriter(self._db.dialect_name)
+        self._blobs = BlobWriter(database.dialect_name)
 
     @classmethod
-    def sharing(
-        cls, database: Database, *, auto_migrate: bool, public_url: PublicUrlResolver | None = None
-    ) -> SqlMediaStore:
-        """A media store on a step store's database, which it never closes (the step store stages its puts)."""
-        store = cls(database, auto_migrate=auto_migrate, public_url=public_url)
-        store._owns_database = False
+    def sharing(cls, database: Database, *, auto_migrate: bool) -> SqlMediaStore:
+        """For step_persistence's own use: the default media store of a `SqlStepStore`, on the step store's
+        `database`, which it never closes (the step store stages its puts in its own transactions)."""
+        store = cls.__new__(cls)
+        store._start(database, auto_migrate=auto_migrate, public_url=None, owns_database=False)
         return store
-
-    def __repr__(self) -> str:
-        return f'{type(self).__name__}({self._db.description})'
-
-    async def migrate(self) -> None:
-        """Create or upgrade the schema to the newest revision (what `auto_migrate` does on first use)."""
-        await self._db.migrate()
-
-    async def _ready(self) -> None:
-        await self._db.ready(auto_migrate=self._auto_migrate)
 
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
         uri = media_uri_for(data)
@@ -150,56 +145,3 @@ class SqlMediaStore:
         ):
             raise ValueError(f'metadata of blob {uri} is malformed')
         return metadata
-
-    async def aclose(self) -> None:
-        """Dispose of the engine if this store created it from a URL; a shared database is left alone."""
-        if self._owns_database:
-            await self._db.aclose()
-
-    async def __aenter__(self) -> Self:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-
-class SqliteMediaStore(SqlMediaStore):
-    """A SQL media store on SQLite: a path (default `runs.db`, created on first use), `':memory:'`,
-    a caller's `sqlite3.Connection` (`connection=`), or a SQLite `AsyncEngine`/`AsyncConnection`,
-    with the same ownership and commit rules as `SqliteStepStore`."""
-
-    def __init__(
-        self,
-        database: str | os.PathLike[str] | AsyncEngine | AsyncConnection | None = None,
-        *,
-        connection: sqlite3.Connection | None = None,
-        auto_migrate: bool = True,
-        public_url: PublicUrlResolver | None = None,
-        busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
-    ) -> None:
-        super().__init__(
-            Database.for_sqlite(database, connection=connection, busy_timeout=busy_timeout, owner='SqliteMediaStore'),
-            auto_migrate=auto_migrate,
-            public_url=public_url,
-        )
-
-
-class PostgresMediaStore(SqlMediaStore):
-    """A SQL media store on PostgreSQL (asyncpg): a `postgresql://` URL, an `AsyncEngine` or an
-    `AsyncConnection`, and an optional schema, as for `PostgresStepStore`."""
-
-    def __init__(
-        self,
-        url_or_engine: str | URL | AsyncEngine | AsyncConnection,
-        schema: str | None = None,
-        *,
-        auto_migrate: bool = True,
-        public_url: PublicUrlResolver | None = None,
-    ) -> None:
-        super().__init__(
-            Database.for_postgres(url_or_engine, schema=schema, owner='PostgresMediaStore'),
-            auto_migrate=auto_migrate,
-            public_url=public_url,
-        )
