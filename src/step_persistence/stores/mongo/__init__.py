@@ -1,5 +1,8 @@
 """The MongoDB store: runs, events, snapshots and tool effects as documents, via pymongo or motor.
 
+Its media store (`media_store.MongoMediaStore`, also exported by `step_persistence.media`) keeps
+large message parts as chunked blobs in the same database.
+
 Needs the `mongodb` extra (`pip install "step-persistence[mongodb]"`). See docs/mongo.md.
 """
 
