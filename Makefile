@@ -21,9 +21,10 @@ postgres:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
 	fi
 
+# --inexact: install what the demo needs and keep what is there (the extras `make test` installed).
 demo: uv
-	$(UV) sync --locked --quiet
-	$(UV) run --locked python -m step_persistence.demo $(ARGS)
+	$(UV) sync --locked --inexact --quiet
+	$(UV) run --locked --no-sync python -m step_persistence.demo $(ARGS)
 
 lint: uv
 	$(UV) run --locked ruff check src tests

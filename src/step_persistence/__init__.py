@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from step_persistence.capability import SnapshotSaved, StepPersistence
     from step_persistence.copying import CopyReport, RunCopy, copy_runs
+    from step_persistence.effects import find_tool_effects, resolve_tool_effect
     from step_persistence.errors import ErrorKind, classify_error
     from step_persistence.helpers import (
         RecoveryReport,
@@ -46,6 +47,8 @@ _MODULES: dict[str, str] = {
     'CopyReport': 'step_persistence.copying',
     'RunCopy': 'step_persistence.copying',
     'copy_runs': 'step_persistence.copying',
+    'find_tool_effects': 'step_persistence.effects',
+    'resolve_tool_effect': 'step_persistence.effects',
     'ErrorKind': 'step_persistence.errors',
     'classify_error': 'step_persistence.errors',
     'RecoveryReport': 'step_persistence.helpers',
@@ -99,10 +102,12 @@ __all__ = [
     'classify_error',
     'continue_run',
     'copy_runs',
+    'find_tool_effects',
     'fork_run',
     'from_spec',
     'inspect_recovery',
     'is_provider_valid',
+    'resolve_tool_effect',
 ]
 
 

@@ -5,7 +5,8 @@ An orchestrator delegates an investigation to a `code_librarian` sub-agent. The 
 process opens the store, prints the run tree with the unresolved side effect, and continues the
 librarian from its latest complete snapshot.
 
-Run with `python -m step_persistence.demo [--store URL]` (default `sqlite:///runs.db`).
+Run with `python -m step_persistence.demo [--store URL]` (default: `$STEP_PERSISTENCE_STORE`, else
+`sqlite:///runs.db`).
 """
 
 from __future__ import annotations
@@ -104,9 +105,14 @@ def _print_tree(node: RunNode, depth: int = 0) -> None:
     record = node.record
     print(f'{"    " * depth}{record.agent_name or "?"}  {record.run_id}  [{node.status}]')
     for effect in node.unresolved:
+        known = [
+            f'{label} {value!r}'
+            for label, value in (('idempotency key', effect.idempotency_key), ('summary', effect.effect_summary))
+            if value is not None
+        ]
         print(
             f'{"    " * depth}  ! unresolved {effect.tool_name} ({effect.tool_call_id}): may or may not have run;'
-            f' idempotency_key={effect.idempotency_key} summary={effect.effect_summary}'
+            f' {", ".join(known) if known else "no idempotency key or summary was recorded"}'
         )
     for child in node.children:
         _print_tree(child, depth + 1)
@@ -132,14 +138,22 @@ async def _inspect_and_continue(store_url: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--store', default=DEFAULT_STORE, help=f'store URL (default {DEFAULT_STORE})')
+    default = os.environ.get('STEP_PERSISTENCE_STORE', DEFAULT_STORE)
+    parser.add_argument(
+        '--store', default=default, help=f'store URL (default: $STEP_PERSISTENCE_STORE or {DEFAULT_STORE})'
+    )
     parser.add_argument('--crash-phase', action='store_true', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.crash_phase:
         asyncio.run(_crash_phase(args.store))
         return
     print(f'Running the orchestrator in a child process; its sub-agent crashes mid-tool (store: {args.store})')
-    child = subprocess.run([sys.executable, '-m', 'step_persistence.demo', '--crash-phase', '--store', args.store])
+    # pydantic-ai shows its first-run banner once per process: the parent's continuation shows it,
+    # the crashing child (a second process of the same demo) does not repeat it.
+    child = subprocess.run(
+        [sys.executable, '-m', 'step_persistence.demo', '--crash-phase', '--store', args.store],
+        env={**os.environ, 'PYDANTIC_AI_NO_BANNER': '1'},
+    )
     if child.returncode != CRASH_EXIT_CODE:
         raise SystemExit(f'the crashing child exited with {child.returncode}, expected {CRASH_EXIT_CODE}')
     print(f'Child process died with exit code {child.returncode}.\n')

@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from step_persistence._urls import redact_url, url_scheme
-from step_persistence.protocol import StepStore
 
-__all__ = ['from_spec', 'redact_url', 'supported_backends']
+if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
+    from step_persistence.protocol import StepStore
+
+__all__ = ['from_spec', 'postgres_location', 'redact_url', 'supported_backends']
+
+POSTGRES_SCHEMES = ('postgresql', 'postgres')
+"""URL schemes naming PostgreSQL: `postgres://` is what hosted PostgreSQL services put in `DATABASE_URL`."""
 
 
 def _memory(url: str | None, options: dict[str, Any]) -> StepStore:
@@ -46,15 +53,53 @@ def _sqlite(url: str | None, options: dict[str, Any]) -> StepStore:
     return SqliteStepStore(**options)
 
 
+def postgres_location(url: str | URL) -> tuple[URL, str | None]:
+    """A PostgreSQL URL as SQLAlchemy reads it, and the schema its `?schema=` query parameter names.
+
+    `postgres://` (and `postgres+driver://`) becomes `postgresql://`, the spelling SQLAlchemy
+    accepts; the `schema` parameter is removed from the URL (the driver would refuse it) and
+    returned, `None` when absent. Raises `ValueError` for a URL that cannot be parsed or a schema
+    given twice.
+    """
+    from sqlalchemy.engine import make_url
+
+    try:
+        parsed = make_url(url)
+    except Exception as error:
+        raise ValueError(f'not a PostgreSQL URL: {redact_url(str(url))}') from error
+    backend, plus, driver = parsed.drivername.partition('+')
+    if backend == 'postgres':
+        parsed = parsed.set(drivername=f'postgresql{plus}{driver}')
+    schema = parsed.query.get('schema')
+    if schema is None:
+        return parsed, None
+    if not isinstance(schema, str) or not schema:
+        raise ValueError('?schema= in a PostgreSQL URL names one schema, once')
+    return parsed.difference_update_query(['schema']), schema
+
+
 def _postgres(url: str | None, options: dict[str, Any]) -> StepStore:
-    """`postgresql://...` (or `postgresql+asyncpg://...`), or `'postgres'` with `url=`; `schema=` is optional."""
+    """`postgresql://...` or `postgres://...` (or `+asyncpg`), or `'postgres'` with `url=`.
+
+    The schema comes from `schema=` or from the URL's `?schema=` query parameter (not both, unless
+    they agree).
+    """
+    from sqlalchemy.engine import URL
+
     from step_persistence.stores.sql import PostgresStepStore
 
     options = dict(options)
     given = options.pop('url', None)
     if (url is None) == (given is None):
         raise ValueError('give the PostgreSQL store exactly one URL: as the backend or as url=')
-    return PostgresStepStore(url or given, **options)
+    target = url or given
+    if isinstance(target, str | URL):
+        target, schema = postgres_location(target)
+        if schema is not None:
+            if options.get('schema') not in (None, schema):
+                raise ValueError(f'two schemas given: {schema!r} in the URL and {options["schema"]!r} as schema=')
+            options['schema'] = schema
+    return PostgresStepStore(target, **options)
 
 
 def _mongo(url: str | None, options: dict[str, Any]) -> StepStore:
@@ -90,6 +135,7 @@ _URL_SCHEMES: dict[str, str] = {
     'file': 'file',
     'sqlite': 'sqlite',
     'postgresql': 'postgres',
+    'postgres': 'postgres',
     'mongodb': 'mongo',
 }
 

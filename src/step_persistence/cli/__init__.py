@@ -1,13 +1,15 @@
-"""The `step-persistence` command: inspect runs, report on them, and manage stores."""
+"""The `step-persistence` command: inspect runs, report on them, and manage stores.
+
+Importing this package imports typer and the command modules, which import nothing heavy until a
+command runs (see `_common`).
+"""
 
 from __future__ import annotations
-
-from typing import Annotated
 
 import typer
 
 from step_persistence.cli import db, runs
-from step_persistence.cli._common import DEFAULT_STORE
+from step_persistence.cli._common import DEFAULT_STORE, Command, Group, StoreOption
 from step_persistence.cli.copy import copy
 from step_persistence.cli.maintenance import gc, prune
 from step_persistence.cli.report import report
@@ -16,23 +18,25 @@ __all__ = ['app', 'main']
 
 app = typer.Typer(
     help=(
-        'Inspect and manage step-persistence stores. '
-        'Exit codes: 0 ok, 1 migration refused or runs not copied, 2 usage, 3 not found, '
+        'Inspect and manage step-persistence stores. Every command but copy takes its store as --store URL, '
+        'or from STEP_PERSISTENCE_STORE. '
+        'Exit codes: 0 ok, 1 migration refused, runs not copied or effect not resolved, 2 usage, 3 not found, '
         '4 unreachable store, 5 database error.'
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    cls=Group,
 )
 app.add_typer(runs.app, name='runs')
 app.add_typer(db.app, name='db')
-app.command()(report)
-app.command()(copy)
-app.command()(prune)
-app.command()(gc)
+app.command(cls=Command)(report)
+app.command(cls=Command)(copy)
+app.command(cls=Command)(prune)
+app.command(cls=Command)(gc)
 
 
-@app.command()
-def demo(store: Annotated[str, typer.Option('--store', '-s', help='Store URL for the demo.')] = DEFAULT_STORE) -> None:
+@app.command(cls=Command)
+def demo(store: StoreOption = DEFAULT_STORE) -> None:
     """Run the main job end to end: delegation, a crash mid-tool, the run tree, a continuation."""
     from step_persistence.demo import main as demo_main
 

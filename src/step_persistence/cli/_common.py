@@ -1,4 +1,10 @@
-"""What every subcommand shares: the store option, running async code, output and errors."""
+"""What every subcommand shares: the store option, running async code, output and errors.
+
+Start-up time is part of the interface: this module, and every command module at import, imports
+only typer and the standard library. Rich, pydantic, the stores (so pydantic-ai, SQLAlchemy and the
+drivers) and Alembic are imported by the command that uses them, when it runs, so `--help` and a
+command on one store do not pay for the others (benchmarks/cli_startup.py measures it).
+"""
 
 from __future__ import annotations
 
@@ -7,20 +13,21 @@ import dataclasses
 import json
 import re
 import sys
-from collections.abc import AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from datetime import datetime, timedelta
-from typing import Annotated, Any, NoReturn, TypeVar
+from datetime import UTC, datetime, timedelta
+from functools import cache
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
-from pydantic import BaseModel
-from rich.console import Console
-from rich.markup import escape
+from typer.core import TyperCommand, TyperGroup
 
 from step_persistence._urls import redact_text, redact_url
-from step_persistence.errors import classify_error, driver_message
-from step_persistence.protocol import StepStore
-from step_persistence.spec import from_spec
+
+if TYPE_CHECKING:
+    from rich.console import Console, RenderableType
+
+    from step_persistence.protocol import StepStore
 
 __all__ = [
     'EXIT_DATABASE',
@@ -28,16 +35,26 @@ __all__ = [
     'EXIT_NOT_FOUND',
     'EXIT_UNREACHABLE',
     'EXIT_USAGE',
+    'RUN_STATUS_NAMES',
+    'Command',
+    'Group',
     'JsonOption',
+    'RunArgument',
+    'RunStatusName',
     'StoreOption',
-    'console',
-    'error_console',
+    'UsageError',
+    'display',
+    'escape',
     'fail',
+    'json_timestamp',
     'open_store',
+    'out',
     'parse_duration',
     'parse_since',
     'print_json',
+    'resolve_run_id',
     'run',
+    'stderr',
     'warn',
 ]
 
@@ -52,53 +69,136 @@ EXIT_UNREACHABLE = 4
 EXIT_DATABASE = 5
 """The database refused an operation: locked, a missing table, a statement it rejects."""
 EXIT_FAILED = 1
-"""The command ran but did not do all it was asked (some runs could not be copied)."""
+"""The command ran but did not do all it was asked (some runs could not be copied, an effect not resolved)."""
 
 DEFAULT_STORE = 'sqlite:///runs.db'
+STORE_ENV = 'STEP_PERSISTENCE_STORE'
+
+RunStatusName = Literal['running', 'completed', 'failed', 'crashed']
+"""`step_persistence.records.RunStatus`, spelled here so that defining `--status` imports no records
+(and so no pydantic-ai); tests/cli/test_cli_startup.py checks that the two agree."""
+RUN_STATUS_NAMES: tuple[str, ...] = ('running', 'completed', 'failed', 'crashed')
 
 StoreOption = Annotated[
     str,
     typer.Option(
         '--store',
         '-s',
-        envvar='STEP_PERSISTENCE_STORE',
-        help='Store URL: sqlite:///runs.db, postgresql://..., mongodb://.../db, file://path, memory://.',
+        envvar=STORE_ENV,
+        metavar='URL',
+        help=(
+            'Store URL: sqlite:///runs.db, postgresql://... (or postgres://; ?schema=NAME for a schema), '
+            'mongodb://.../db, file://path, memory://.'
+        ),
     ),
 ]
 JsonOption = Annotated[bool, typer.Option('--json', help='Print machine-readable JSON on stdout.')]
+RunArgument = Annotated[
+    str,
+    typer.Argument(metavar='RUN', help='The run id, or a prefix of it that no other run id starts with.'),
+]
 
-console = Console()
-error_console = Console(stderr=True)
+
+class _ReadableHelp:
+    """Help that reads like a command line's: `RUN`, not `{run_id}`; no `<bool>` after a flag."""
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        pieces: list[str] = super().collect_usage_pieces(ctx)  # type: ignore[misc]
+        return [piece[1:-1] if piece.startswith('{') and piece.endswith('}') else piece for piece in pieces]
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        params: list[Any] = super().get_params(ctx)  # type: ignore[misc]
+        for param in params:
+            if getattr(param, 'is_flag', False) and param.metavar is None:
+                param.metavar = ''  # typer would show the flag's type, `<bool>`
+            elif param.param_type_name == 'argument' and param.metavar is not None:
+                param.display_type_rich = _no_type  # `RUN`, not `RUN <str>`
+        return params
+
+
+def _no_type(ctx: Any) -> None:
+    return None
+
+
+class Command(_ReadableHelp, TyperCommand):
+    """Every command's class (`app.command(cls=Command)`)."""
+
+
+class Group(_ReadableHelp, TyperGroup):
+    """Every command group's class (`typer.Typer(cls=Group)`)."""
+
+
+class UsageError(Exception):
+    """Raised inside a command's coroutine for a usage error found on the store (an ambiguous run id)."""
+
+
+@cache
+def out() -> Console:
+    """The console for stdout: at a terminal, as wide as it is; in a pipe or a file, as wide as a line needs.
+
+    A table written to a pipe is read by `grep` and `cut`, which want each row on one line.
+    """
+    from rich.console import Console
+
+    return Console(width=None if sys.stdout.isatty() else 100_000)
+
+
+@cache
+def stderr() -> Console:
+    """The console for stderr (messages, warnings, progress), which keeps stdout clean for --json."""
+    from rich.console import Console
+
+    return Console(stderr=True, width=None if sys.stderr.isatty() else 100_000)
+
+
+def escape(text: str) -> str:
+    """`text` with rich markup escaped, for a stored string printed inside markup."""
+    from rich.markup import escape as rich_escape
+
+    return rich_escape(text)
+
+
+def display(renderable: RenderableType) -> None:
+    """Print a table or tree on stdout."""
+    out().print(renderable)
 
 
 def fail(message: str, code: int) -> NoReturn:
     """Print `message` on stderr and exit with `code`."""
-    error_console.print(f'[bold red]error:[/] {escape(message)}', highlight=False)
+    stderr().print(f'[bold red]error:[/] {escape(message)}', highlight=False)
     raise typer.Exit(code)
 
 
 def warn(message: str) -> None:
     """Print a warning on stderr (stdout stays clean for --json)."""
-    error_console.print(f'[bold yellow]warning:[/] {escape(message)}', highlight=False)
+    stderr().print(f'[bold yellow]warning:[/] {escape(message)}', highlight=False)
+
+
+def json_timestamp(moment: datetime) -> str:
+    """The one spelling of an instant in JSON output: ISO 8601 in UTC with `Z`, as pydantic writes it."""
+    if moment.tzinfo is None:
+        raise ValueError(f'naive datetime {moment.isoformat()} in JSON output')
+    return moment.astimezone(UTC).isoformat().replace('+00:00', 'Z')
 
 
 def _jsonable(value: Any) -> Any:
-    if isinstance(value, BaseModel):
-        return value.model_dump(mode='json')
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {field.name: _jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    if isinstance(value, datetime):
+        return json_timestamp(value)
     if isinstance(value, dict):
         return {str(key): _jsonable(item) for key, item in value.items()}
     if isinstance(value, list | tuple):
         return [_jsonable(item) for item in value]
-    if isinstance(value, datetime):
-        return value.isoformat()
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {field.name: _jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)}
+    model_dump = getattr(value, 'model_dump', None)
+    if callable(model_dump):  # a record: its fields as Python values, so that timestamps go through json_timestamp
+        return _jsonable(model_dump())
     return value
 
 
 def print_json(value: Any) -> None:
-    """Write `value` (records, dataclasses, lists, dicts) as JSON on stdout."""
-    sys.stdout.write(json.dumps(_jsonable(value), indent=2, ensure_ascii=False) + '\n')
+    """Write `value` (records, dataclasses, lists, dicts) as JSON on stdout; instants as `json_timestamp`."""
+    sys.stdout.write(json.dumps(_jsonable(value), indent=2, ensure_ascii=False, default=str) + '\n')
 
 
 _DURATION = re.compile(r'(?P<amount>\d+)\s*(?P<unit>[smhdw])')
@@ -142,6 +242,8 @@ def parse_since(text: str | None) -> datetime | None:
 @asynccontextmanager
 async def open_store(url: str) -> AsyncIterator[StepStore]:
     """Open the store at `url`; exit with a clear message if the URL is invalid."""
+    from step_persistence.spec import from_spec
+
     try:
         store = from_spec(url)
     except (ValueError, ImportError) as error:
@@ -150,12 +252,42 @@ async def open_store(url: str) -> AsyncIterator[StepStore]:
         yield store
 
 
+CANDIDATES_SHOWN = 10
+"""How many matching run ids an ambiguous prefix lists."""
+
+
+async def resolve_run_id(store: StepStore, given: str) -> str:
+    """The id of the run `given` names: the run with exactly that id, else the one run whose id starts with it.
+
+    Raises `LookupError` (not found, 3) when no run matches, and `UsageError` (2) listing the
+    candidates when several do. An exact id costs one read; a prefix, one listing of the runs.
+    """
+    if await store.get_run(run_id=given) is not None:
+        return given
+    matches = [record.run_id for record in await store.list_runs() if record.run_id.startswith(given)]
+    if len(matches) == 1:
+        return matches[0]
+    if not matches:
+        raise LookupError(f'run {given!r} does not exist (no run id is or starts with it)')
+    raise UsageError(f'run id prefix {given!r} is ambiguous: {_listing(matches)}')
+
+
+def _listing(run_ids: Sequence[str]) -> str:
+    shown = ', '.join(run_ids[:CANDIDATES_SHOWN])
+    more = len(run_ids) - CANDIDATES_SHOWN
+    return f'{len(run_ids)} run ids start with it: {shown}' + (f' and {more} more' if more > 0 else '')
+
+
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run a command's coroutine, turning lookup, connection and database failures into exit codes."""
+    from step_persistence.errors import classify_error, driver_message
+
     try:
         return asyncio.run(main())
     except LookupError as error:
         fail(str(error).strip('\'"'), EXIT_NOT_FOUND)
+    except UsageError as error:
+        fail(str(error), EXIT_USAGE)
     except Exception as error:
         kind = classify_error(error)
         if kind == 'unreachable':

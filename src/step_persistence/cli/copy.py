@@ -2,45 +2,55 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from step_persistence.cli._common import (
     EXIT_FAILED,
     JsonOption,
-    console,
-    error_console,
+    escape,
     open_store,
+    out,
     print_json,
     run,
+    stderr,
 )
-from step_persistence.copying import CopyReport, RunCopy, copy_runs
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
+
+    from step_persistence.copying import CopyReport, RunCopy
 
 __all__ = ['copy']
 
 
 def _progress(enabled: bool) -> Progress:
     """A progress bar on stderr, shown only to a person at a terminal."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
     return Progress(
         TextColumn('[progress.description]{task.description}'),
         BarColumn(),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
-        console=error_console,
+        console=stderr(),
         disable=not enabled,
         transient=False,
     )
 
 
 def copy(
-    source: Annotated[str, typer.Argument(help='Store URL to copy from.', show_default=False)],
-    destination: Annotated[str, typer.Argument(help='Store URL to copy to.', show_default=False)],
+    source: Annotated[str, typer.Argument(metavar='SRC', help='Store URL to copy from.', show_default=False)],
+    destination: Annotated[str, typer.Argument(metavar='DST', help='Store URL to copy to.', show_default=False)],
     run_ids: Annotated[
         list[str] | None,
-        typer.Option('--run', '-r', help='Copy only this run (repeat for several); every run by default.'),
+        typer.Option(
+            '--run',
+            '-r',
+            metavar='RUN',
+            help='Copy only this run (id or unique prefix in SRC; repeat for several); every run by default.',
+        ),
     ] = None,
     json_output: JsonOption = False,
 ) -> None:
@@ -52,16 +62,20 @@ def copy(
     """
 
     async def main() -> CopyReport:
+        from step_persistence.cli._common import resolve_run_id
+        from step_persistence.copying import copy_runs
+
         async with open_store(source) as from_store, open_store(destination) as to_store:
             await to_store.get_run(run_id='reachable')  # an unreachable destination fails before any work
-            total = len(set(run_ids)) if run_ids else len(await from_store.list_runs())
-            with _progress(enabled=not json_output and error_console.is_terminal) as progress:
+            chosen = [await resolve_run_id(from_store, given) for given in run_ids or ()]
+            total = len(set(chosen)) if chosen else len(await from_store.list_runs())
+            with _progress(enabled=not json_output and stderr().is_terminal) as progress:
                 task = progress.add_task('copying runs', total=total)
 
                 def advance(result: RunCopy) -> None:
                     progress.update(task, advance=1, description=escape(f'{result.outcome} {result.run_id}'))
 
-                report = await copy_runs(from_store, to_store, run_ids=run_ids or None, on_run=advance)
+                report = await copy_runs(from_store, to_store, run_ids=chosen or None, on_run=advance)
                 progress.update(task, description='copied runs')
             return report
 
@@ -69,7 +83,7 @@ def copy(
     if json_output:
         print_json(report)
     else:
-        console.print(
+        out().print(
             f'{len(report.copied)} run(s) copied'
             + (f' ({len(report.repaired)} partial copies replaced)' if report.repaired else '')
             + f', {len(report.skipped)} already at the destination, {len(report.failed)} failed',
@@ -77,7 +91,5 @@ def copy(
         )
     if report.failed:
         for run_id, reason in report.failed.items():
-            error_console.print(
-                f'[bold red]error:[/] {escape(f"run {run_id!r} was not copied: {reason}")}', highlight=False
-            )
+            stderr().print(f'[bold red]error:[/] {escape(f"run {run_id!r} was not copied: {reason}")}', highlight=False)
         raise typer.Exit(EXIT_FAILED)

@@ -16,27 +16,44 @@ from step_persistence._urls import redact_text, redact_url, url_scheme
 from step_persistence.cli._common import (
     DEFAULT_STORE,
     EXIT_USAGE,
+    Command,
+    Group,
     JsonOption,
     StoreOption,
-    console,
     fail,
+    out,
     print_json,
     run,
 )
 
 if TYPE_CHECKING:
+    from sqlalchemy.engine import URL
+
     from step_persistence.stores.sql.database import Database
 
 app = typer.Typer(
     help='Manage the schema of a SQL store (sqlite://, postgresql://) with the migrations shipped in the package.',
     no_args_is_help=True,
+    cls=Group,
 )
 
 SchemaOption = Annotated[
-    str | None, typer.Option('--schema', help='PostgreSQL schema holding the tables and views (created if missing).')
+    str | None,
+    typer.Option(
+        '--schema',
+        metavar='NAME',
+        help='PostgreSQL schema holding the tables and views (created if missing); or ?schema=NAME in the URL.',
+    ),
 ]
+ReadSchemaOption = Annotated[
+    str | None,
+    typer.Option(
+        '--schema', metavar='NAME', help='PostgreSQL schema holding the tables and views; or ?schema=NAME in the URL.'
+    ),
+]
+"""`db current` reads the revision and creates nothing, not even the schema."""
 
-_SQL_SCHEMES = ('sqlite', 'postgresql')
+_SQL_SCHEMES = ('sqlite', 'postgresql', 'postgres')
 
 EXIT_MIGRATION_FAILED = 1
 """The database refused a migration's statement; the migration's transaction was rolled back."""
@@ -46,6 +63,7 @@ Action = Callable[['Database'], Awaitable[None]]
 
 def _database(url: str, schema: str | None) -> Database:
     """The database at `url`, or a usage error for a URL that names no SQL store."""
+    from step_persistence.spec import postgres_location
     from step_persistence.stores.sql.database import Database
 
     scheme = url_scheme(url)
@@ -55,10 +73,16 @@ def _database(url: str, schema: str | None) -> Database:
             f'{redact_url(url)!r} is not one',
             EXIT_USAGE,
         )
-    if schema is not None and scheme != 'postgresql':
+    if schema is not None and scheme == 'sqlite':
         fail('--schema applies to PostgreSQL stores only', EXIT_USAGE)
     try:
-        return Database.from_url(url, schema=schema)
+        target: str | URL = url
+        if scheme != 'sqlite':
+            target, in_url = postgres_location(url)
+            if in_url is not None and schema not in (None, in_url):
+                fail(f'two schemas given: {in_url!r} in the URL and {schema!r} with --schema', EXIT_USAGE)
+            schema = schema or in_url
+        return Database.from_url(target, schema=schema)
     except (ValueError, ImportError) as error:
         fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
 
@@ -109,14 +133,14 @@ def _apply(url: str, schema: str | None, json_output: bool, action: Action | Non
     if json_output:
         print_json({'revision': revision, 'head': head})
     elif revision is None:
-        console.print(f'no revision (empty database); the newest is {head}')
+        out().print(f'no revision (empty database); the newest is {head}')
     else:
-        console.print(f'at revision {revision}' + (' (head)' if revision == head else f'; the newest is {head}'))
+        out().print(f'at revision {revision}' + (' (head)' if revision == head else f'; the newest is {head}'))
 
 
-@app.command()
+@app.command(cls=Command)
 def upgrade(
-    revision: Annotated[str, typer.Argument(help='Target revision; the newest by default.')] = 'head',
+    revision: Annotated[str, typer.Argument(metavar='REV', help='Target revision; the newest by default.')] = 'head',
     store: StoreOption = DEFAULT_STORE,
     schema: SchemaOption = None,
     json_output: JsonOption = False,
@@ -127,9 +151,11 @@ def upgrade(
     _apply(store, schema, json_output, lambda database: migrate.upgrade(database, revision))
 
 
-@app.command()
+@app.command(cls=Command)
 def downgrade(
-    revision: Annotated[str, typer.Argument(help="Target revision; 'base' removes every table and view.")],
+    revision: Annotated[
+        str, typer.Argument(metavar='REV', help="Target revision; 'base' removes every table and view.")
+    ],
     store: StoreOption = DEFAULT_STORE,
     schema: SchemaOption = None,
     json_output: JsonOption = False,
@@ -140,15 +166,17 @@ def downgrade(
     _apply(store, schema, json_output, lambda database: migrate.downgrade(database, revision))
 
 
-@app.command()
-def current(store: StoreOption = DEFAULT_STORE, schema: SchemaOption = None, json_output: JsonOption = False) -> None:
+@app.command(cls=Command)
+def current(
+    store: StoreOption = DEFAULT_STORE, schema: ReadSchemaOption = None, json_output: JsonOption = False
+) -> None:
     """Print the revision the database is at, and the newest one."""
     _apply(store, schema, json_output, None)
 
 
-@app.command()
+@app.command(cls=Command)
 def stamp(
-    revision: Annotated[str, typer.Argument(help="Revision to record; 'base' clears the record.")],
+    revision: Annotated[str, typer.Argument(metavar='REV', help="Revision to record; 'base' clears the record.")],
     store: StoreOption = DEFAULT_STORE,
     schema: SchemaOption = None,
     json_output: JsonOption = False,

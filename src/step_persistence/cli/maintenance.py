@@ -4,28 +4,29 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 from functools import partial
-from typing import Annotated, cast
+from typing import TYPE_CHECKING, Annotated, cast
 
 import typer
-from rich.markup import escape
 
 from step_persistence.cli._common import (
     DEFAULT_STORE,
     EXIT_USAGE,
+    RUN_STATUS_NAMES,
     JsonOption,
+    RunStatusName,
     StoreOption,
-    console,
+    escape,
     fail,
     open_store,
+    out,
     parse_duration,
     print_json,
     run,
     warn,
 )
-from step_persistence.lifecycle import prunable_runs
-from step_persistence.media.clock import REUSE_WINDOW
-from step_persistence.reclaiming import MediaCollection
-from step_persistence.records import RUN_STATUSES, RunStatus
+
+if TYPE_CHECKING:
+    from step_persistence.reclaiming import MediaCollection
 
 __all__ = ['gc', 'prune']
 
@@ -35,6 +36,7 @@ def prune(
         str,
         typer.Option(
             '--older-than',
+            metavar='DURATION',
             help='Delete runs that started longer ago than this: 90s, 30m, 12h, 30d, 2w.',
             show_default=False,
         ),
@@ -44,6 +46,7 @@ def prune(
         list[str] | None,
         typer.Option(
             '--status',
+            metavar='STATUS',
             help='Only runs in this status: completed, failed, crashed, running (repeat for several); any by default.',
             show_default=False,
         ),
@@ -60,14 +63,16 @@ def prune(
     Media shared with other runs stays; `gc` removes what nothing refers to any more.
     """
     cutoff = datetime.now(UTC) - parse_duration(older_than, '--older-than')
-    unknown = sorted(set(status or ()) - RUN_STATUSES)
+    unknown = sorted(set(status or ()) - set(RUN_STATUS_NAMES))
     if unknown:
-        fail(f'unknown --status {", ".join(unknown)}; choose from {", ".join(sorted(RUN_STATUSES))}', EXIT_USAGE)
-    statuses = {cast(RunStatus, name) for name in status} if status else None
+        fail(f'unknown --status {", ".join(unknown)}; choose from {", ".join(sorted(RUN_STATUS_NAMES))}', EXIT_USAGE)
+    statuses = {cast(RunStatusName, name) for name in status} if status else None
     if statuses is not None and 'running' in statuses and not include_running:
         fail('--status running needs --include-running (running runs are kept otherwise)', EXIT_USAGE)
 
     async def main() -> list[str]:
+        from step_persistence.lifecycle import prunable_runs
+
         async with open_store(store) as opened:
             select = partial(prunable_runs, opened) if dry_run else opened.prune_runs
             return await select(older_than=cutoff, statuses=statuses, include_running=include_running)
@@ -77,18 +82,20 @@ def prune(
         print_json({'dry_run': dry_run, 'older_than': cutoff, 'runs': run_ids})
         return
     verb = 'would delete' if dry_run else 'deleted'
-    console.print(
-        f'{verb} {len(run_ids)} run(s) started before {cutoff.isoformat(timespec="seconds")}', highlight=False
-    )
+    out().print(f'{verb} {len(run_ids)} run(s) started before {cutoff.isoformat(timespec="seconds")}', highlight=False)
     for run_id in run_ids:
-        console.print(f'  {escape(run_id)}', highlight=False)
+        out().print(f'  {escape(run_id)}', highlight=False)
 
 
 def gc(
     store: StoreOption = DEFAULT_STORE,
     grace: Annotated[
         str,
-        typer.Option('--grace', help='Keep anything written more recently than this (a write may still refer to it).'),
+        typer.Option(
+            '--grace',
+            metavar='DURATION',
+            help='Keep anything written more recently than this (a write may still refer to it).',
+        ),
     ] = '1h',
     json_output: JsonOption = False,
 ) -> None:
@@ -97,6 +104,8 @@ def gc(
     Run it after `prune` (or deleting runs); what was written within --grace is kept, since a
     write in progress may still come to refer to it.
     """
+    from step_persistence.media.clock import REUSE_WINDOW
+
     grace_period = parse_duration(grace, '--grace')
     if grace_period <= REUSE_WINDOW:
         warn(
@@ -112,7 +121,7 @@ def gc(
     if json_output:
         print_json({'messages': collected.messages, 'blobs': collected.blobs})
         return
-    console.print(
+    out().print(
         f'removed {collected.messages} unreferenced stored message(s) and {collected.blobs} media blob(s)',
         highlight=False,
     )

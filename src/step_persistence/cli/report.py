@@ -2,33 +2,44 @@
 
 from __future__ import annotations
 
-from step_persistence.cli._common import DEFAULT_STORE, JsonOption, StoreOption, console, open_store, print_json, run
-from step_persistence.cli.render import summaries_table, tool_stats_table
-from step_persistence.protocol import StepStore
-from step_persistence.reporting import RunSummary, ToolStats, summarize_runs, tool_stats
+import sys
+from typing import TYPE_CHECKING
+
+from step_persistence.cli._common import DEFAULT_STORE, JsonOption, StoreOption, open_store, out, print_json, run
+
+if TYPE_CHECKING:
+    from step_persistence.protocol import StepStore
+    from step_persistence.reporting import RunSummary, ToolStats
+
+__all__ = ['report']
 
 
 async def _figures(store: StepStore) -> tuple[list[RunSummary], list[ToolStats]]:
     """From the reporting views on a SQL store (two queries); through the protocol on any other."""
-    # Imported here: the other commands and other stores need no SQL machinery.
-    from step_persistence.stores.sql.reporting import read_report
-    from step_persistence.stores.sql.store import SqlStepStore
+    # A store can only be a SqlStepStore once that module is imported: looking it up keeps the other
+    # stores from importing SQLAlchemy to find out.
+    sql = sys.modules.get('step_persistence.stores.sql.store')
+    if sql is not None and isinstance(store, sql.SqlStepStore):
+        from step_persistence.stores.sql.reporting import read_report
 
-    if isinstance(store, SqlStepStore):
         return await read_report(store)
+    from step_persistence.reporting import summarize_runs, tool_stats
+
     return await summarize_runs(store), await tool_stats(store)
 
 
 def report(store: StoreOption = DEFAULT_STORE, json_output: JsonOption = False) -> None:
     """Summarise every run (the run_summary figures) and every tool (the tool_call_stats figures)."""
 
-    async def main() -> None:
+    async def main() -> tuple[list[RunSummary], list[ToolStats]]:
         async with open_store(store) as opened:
-            summaries, stats = await _figures(opened)
-        if json_output:
-            print_json({'runs': summaries, 'tools': stats})
-        else:
-            console.print(summaries_table(summaries))
-            console.print(tool_stats_table(stats))
+            return await _figures(opened)
 
-    run(main)
+    summaries, stats = run(main)
+    if json_output:
+        print_json({'runs': summaries, 'tools': stats})
+        return
+    from step_persistence.cli.render import fitted, print_fitted, tool_stats_table
+
+    print_fitted(out(), fitted(out(), summaries))
+    out().print(tool_stats_table(stats))
