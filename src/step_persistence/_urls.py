@@ -32,10 +32,13 @@ def url_scheme(url: str) -> str | None:
 
 
 def redact_url(url: str) -> str:
-    """`url` with every password (userinfo or password-like query parameter) replaced by `***`."""
+    """`url` with every password (userinfo or password-like query parameter) replaced by `***`.
+
+    Anything that is not one URL (a message quoting URLs, for instance) goes through `redact_text`.
+    """
     found = _SCHEME.match(url)
-    if found is None:
-        return url
+    if found is None or any(character.isspace() for character in url):
+        return redact_text(url)
     scheme, rest = found.group(), url[found.end() :]
     authority_end = min((rest.index(mark) for mark in '/?#' if mark in rest), default=len(rest))
     at = rest.rfind('@', 0, authority_end)
