@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 from rich import box
 from rich.console import Console, RenderableType
 from rich.measure import Measurement
+from rich.segment import Segments
 from rich.table import Table
 from rich.tree import Tree
 
@@ -73,9 +74,15 @@ def _natural_width(console: Console, renderable: RenderableType) -> Measurement:
 
 
 def print_fitted(console: Console, renderable: RenderableType) -> None:
-    """Print `renderable` no narrower than its narrowest rendering, so no unbreakable cell is cut or folded."""
+    """Print `renderable` no narrower than its narrowest rendering, so no unbreakable cell is cut or folded.
+
+    Wider than the console, the lines are written whole and the terminal wraps them where it must.
+    """
     needed = _natural_width(console, renderable).minimum
-    console.print(renderable, width=max(console.width, needed))
+    if needed <= console.width:
+        console.print(renderable)
+        return
+    console.print(Segments(console.render(renderable, console.options.update_width(needed))), crop=False)
 
 
 @dataclass(frozen=True)
