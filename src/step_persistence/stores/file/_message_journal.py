@@ -94,6 +94,7 @@ class MessageJournal(Journal[NumberedRow]):
         exclusive lock.
         """
         digests = list(map(_DIGEST, messages))
+        # No incarnation: `RunIndex.adopt` already starts the journal over for a run registered again.
         head = RunHead(incarnation=None, last_no=self.next_number - 1, latest=self.latest)
         plan = plan_saves(head, [digests])
         self.append(io, [(message_line(row, pack(messages[row.position])), row) for row in plan.rows])
