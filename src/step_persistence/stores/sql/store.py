@@ -1,16 +1,16 @@
 """`SqlStepStore`: the `StepStore` protocol on SQLite or PostgreSQL, through one SQLAlchemy schema.
 
-Every operation is one synchronous function run in one transaction (`writes.py` for writes, the
-reads below), made of Core statements; `Database` decides where it runs (a worker thread for
-SQLite, the async driver otherwise). Messages are stored once per history position and version
-(`histories.py`); large payloads go to the media store (by default the `media` table of the
-same database, in the same transaction), packed before the write transaction starts.
+Every operation is one synchronous function run in one transaction, made of Core statements;
+`Database` decides where it runs (a worker thread for SQLite, the async driver otherwise). Writes
+are in `writes.py`, flushes and their snapshots in `snapshot_saves.py` (messages stored once per
+history position and version; large payloads go to the media store, by default the `media`
+table of the same database in the same transaction), snapshot reads in `snapshot_reads.py`, and
+the other reads below.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import and_, select
 
 from step_persistence import lifecycle
-from step_persistence._reading import read_or_skip, read_or_skip_async
+from step_persistence._reading import read_each, read_or_skip
 from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
@@ -36,23 +36,14 @@ from step_persistence.stores.sql import lifecycle as sql_lifecycle
 from step_persistence.stores.sql import reclaiming, rows
 from step_persistence.stores.sql.database import Database, DatabaseTarget
 from step_persistence.stores.sql.database_store import DatabaseStore
-from step_persistence.stores.sql.executors import Transaction
-from step_persistence.stores.sql.histories import HistoryRows, NeedsPacking
 from step_persistence.stores.sql.media_store import SqlMediaStore
-from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
+from step_persistence.stores.sql.schema import events, runs, tool_effects
+from step_persistence.stores.sql.snapshot_reads import SnapshotReads
+from step_persistence.stores.sql.snapshot_saves import SnapshotSaves
 from step_persistence.stores.sql.statements import WriteStatements
 from step_persistence.stores.sql.writes import Writes
 
 __all__ = ['SqlStepStore']
-
-
-@dataclass(frozen=True)
-class _FetchedSnapshot:
-    """A snapshot row and its message rows, read in one transaction, not yet decoded."""
-
-    header: ContinuableSnapshot
-    history: rows.StoredHistory
-    found: list[Any]
 
 
 class SqlStepStore(DatabaseStore):
@@ -119,14 +110,17 @@ class SqlStepStore(DatabaseStore):
         """Where large message payloads go; `None` when they stay inline."""
         self.media_threshold_bytes = media.threshold_bytes
         statements = WriteStatements.for_dialect(database.dialect_name)
-        self._histories = HistoryRows(
+        self._writes = Writes(statements)
+        self._snapshot_saves = SnapshotSaves(
             database,
             media,
             statements,
+            self._writes,
             staged_media=self._own_media_store,
             cache_heads=not database.in_caller_transaction,
+            max_snapshots=self.max_snapshots_per_run,
         )
-        self._writes = Writes(statements, self._histories, max_snapshots=self.max_snapshots_per_run)
+        self._snapshot_reads = SnapshotReads(database, media)
 
     def _default_media_store(self) -> MediaStore:
         self._own_media_store = SqlMediaStore.sharing(self._db, auto_migrate=self._auto_migrate)
@@ -144,7 +138,7 @@ class SqlStepStore(DatabaseStore):
     async def register_run(self, record: RunRecord) -> None:
         await self._ready()
         run_pk = await self._db.run(partial(self._writes.register_run, record=record), write=True)
-        self._histories.registered(record.run_id, run_pk)
+        self._snapshot_saves.registered(record.run_id, run_pk)
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         found = await self._read(select(*rows.RUN_COLUMNS).where(runs.c.run_id == run_id))
@@ -158,9 +152,7 @@ class SqlStepStore(DatabaseStore):
             statement = statement.where(runs.c.parent_run_id == parent_run_id)
         if conversation_id is not None:
             statement = statement.where(runs.c.conversation_id == conversation_id)
-        found = await self._read(statement)
-        records = (read_or_skip(f'run {row.run_id!r}', partial(rows.run_from_row, row._mapping)) for row in found)
-        return [record for record in records if record is not None]
+        return read_each(await self._read(statement), _run_name, _run_from_row)
 
     # --- events ---
 
@@ -170,67 +162,24 @@ class SqlStepStore(DatabaseStore):
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         statement = select(events.c.id, *rows.EVENT_COLUMNS).where(events.c.run_id == run_id).order_by(events.c.id)
-        found = await self._read(statement)
-        read = (
-            read_or_skip(f'event {row.id} of run {run_id!r}', partial(rows.event_from_row, row._mapping))
-            for row in found
+        return read_each(
+            await self._read(statement),
+            lambda row: f'event {row.id} of run {run_id!r}',
+            lambda row: rows.event_from_row(row._mapping),
         )
-        return [event for event in read if event is not None]
 
     # --- snapshots ---
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         await self.write_batch(StepWrites(snapshots=[snapshot]))
 
-    def _header_query(self, run_id: str, include_interrupted: bool) -> Any:
-        statement = select(*rows.SNAPSHOT_HEADER_COLUMNS).where(snapshots.c.run_id == run_id)
-        return statement if include_interrupted else statement.where(snapshots.c.state == 'complete')
-
-    def _fetch(self, transaction: Transaction, run_id: str, query: Any) -> list[tuple[int, _FetchedSnapshot | None]]:
-        """Every snapshot row of `query`: its `seq`, and the row with its message rows, or `None` if its
-        fields are unreadable (logged)."""
-        fetched: list[tuple[int, _FetchedSnapshot | None]] = []
-        for row in transaction.execute(query).all():
-            parsed = read_or_skip(
-                f'snapshot {row.seq} of run {run_id!r}', partial(rows.snapshot_header_from_row, row._mapping)
-            )
-            if parsed is None:
-                fetched.append((row.seq, None))
-                continue
-            header, history = parsed
-            fetched.append(
-                (row.seq, _FetchedSnapshot(header, history, self._histories.fetch(transaction, run_id, history)))
-            )
-        return fetched
-
-    async def _decode(self, run_id: str, fetched: _FetchedSnapshot) -> ContinuableSnapshot | None:
-        """The snapshot with its messages (media restored), or `None` (logged) if they cannot be read."""
-
-        async def decode() -> ContinuableSnapshot:
-            decoded = await self._histories.decode(fetched.history, fetched.found)
-            return fetched.header.model_copy(update={'messages': decoded})
-
-        return await read_or_skip_async(f'snapshot {fetched.header.seq} of run {run_id!r}', decode)
-
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         await self._ready()
-        query = self._header_query(run_id, include_interrupted).order_by(snapshots.c.seq.desc()).limit(1)
-        while True:
-            fetched = await self._db.run(partial(self._fetch, run_id=run_id, query=query), write=False)
-            if not fetched:
-                return None
-            seq, candidate = fetched[0]
-            snapshot = None if candidate is None else await self._decode(run_id, candidate)
-            if snapshot is not None:
-                return snapshot
-            query = query.where(snapshots.c.seq < seq)
+        return await self._snapshot_reads.latest(run_id, include_interrupted=include_interrupted)
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         await self._ready()
-        query = self._header_query(run_id, include_interrupted).order_by(snapshots.c.seq)
-        fetched = await self._db.run(partial(self._fetch, run_id=run_id, query=query), write=False)
-        decoded = [await self._decode(run_id, candidate) for _, candidate in fetched if candidate is not None]
-        return [snapshot for snapshot in decoded if snapshot is not None]
+        return await self._snapshot_reads.every(run_id, include_interrupted=include_interrupted)
 
     # --- tool effects ---
 
@@ -262,15 +211,11 @@ class SqlStepStore(DatabaseStore):
         return await self._tool_effects(run_id, sql_lifecycle.tool_effects_of_run(run_id))
 
     async def _tool_effects(self, run_id: str, query: Any) -> list[ToolEffectRecord]:
-        found = await self._read(query)
-        read = (
-            read_or_skip(
-                f'tool effect {row.tool_call_id!r} of run {run_id!r}',
-                partial(rows.tool_effect_from_row, row._mapping),
-            )
-            for row in found
+        return read_each(
+            await self._read(query),
+            lambda row: f'tool effect {row.tool_call_id!r} of run {run_id!r}',
+            lambda row: rows.tool_effect_from_row(row._mapping),
         )
-        return [record for record in read if record is not None]
 
     # --- batches ---
 
@@ -279,19 +224,10 @@ class SqlStepStore(DatabaseStore):
 
         Messages that the snapshots add are packed first (their blobs staged for this transaction
         or, for a media store elsewhere, stored); if another writer of a run got in between, the
-        run's head is refreshed, and the packing and the transaction are done again.
+        packing and the transaction are done again (see `snapshot_saves.py`).
         """
         await self._ready()
-        refresh: str | None = None
-        while True:
-            plan = await self._histories.prepare(writes.snapshots, refresh=refresh)
-            try:
-                await self._db.run(partial(self._writes.write_batch, writes=writes, plan=plan), write=True)
-            except NeedsPacking as stale:
-                refresh = stale.run_id
-                continue
-            self._histories.committed(plan)
-            return
+        await self._snapshot_saves.write_batch(writes)
 
     # --- deletion and lifecycle ---
 
@@ -302,7 +238,7 @@ class SqlStepStore(DatabaseStore):
             partial(sql_lifecycle.delete_runs, writes=self._writes, run_id=run_id, cascade=cascade), write=True
         )
         for deleted_id in deleted:
-            self._histories.forget(deleted_id)
+            self._snapshot_saves.forget(deleted_id)
 
     async def prune_runs(
         self,
@@ -315,16 +251,23 @@ class SqlStepStore(DatabaseStore):
         cutoff = require_utc(older_than)
         lifecycle.validate_statuses(statuses)
         found = await self._read(sql_lifecycle.runs_started_before(cutoff))
-        candidates = (read_or_skip(f'run {row.run_id!r}', partial(rows.run_from_row, row._mapping)) for row in found)
         return await lifecycle.prune_runs(
             self,
             older_than=cutoff,
             statuses=statuses,
             include_running=include_running,
-            candidates=[record for record in candidates if record is not None],
+            candidates=read_each(found, _run_name, _run_from_row),
         )
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
         """Delete message rows no snapshot uses and unreferenced blobs (see `stores/sql/reclaiming.py`)."""
         await self._ready()
         return await reclaiming.collect_media(self._db, self.media_store, grace=grace)
+
+
+def _run_name(row: Any) -> str:
+    return f'run {row.run_id!r}'
+
+
+def _run_from_row(row: Any) -> RunRecord:
+    return rows.run_from_row(row._mapping)

@@ -1,0 +1,130 @@
+"""Reading snapshots: each snapshot row and its history's message rows in one read transaction, decoded after it.
+
+Message `i` of a snapshot is the newest `messages` row at position `i` numbered at most its
+`through_message` (the position model of `stores/_positions.py`, written by `snapshot_saves.py`):
+one query per snapshot finds them all. Putting media back is async, so messages are decoded
+after the transaction. A snapshot whose fields or messages cannot be read is logged and skipped;
+`latest` then reads the one before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from pydantic_ai.messages import ModelMessage
+from sqlalchemy import Text, and_, cast, func, select
+
+from step_persistence._history import decode_messages
+from step_persistence._reading import read_or_skip, read_or_skip_async
+from step_persistence.records import ContinuableSnapshot
+from step_persistence.stores._media import MessageMedia
+from step_persistence.stores.sql import rows
+from step_persistence.stores.sql.database import Database
+from step_persistence.stores.sql.executors import Transaction
+from step_persistence.stores.sql.rows import StoredHistory
+from step_persistence.stores.sql.schema import messages, snapshots
+
+__all__ = ['SnapshotReads']
+
+
+@dataclass(frozen=True)
+class _Fetched:
+    """A snapshot row and its message rows, read in one transaction, not yet decoded."""
+
+    header: ContinuableSnapshot
+    history: StoredHistory
+    found: list[Any]
+
+
+class SnapshotReads:
+    """The snapshots of one database's runs, their media put back through the store's media policy."""
+
+    def __init__(self, database: Database, media: MessageMedia) -> None:
+        self._db = database
+        self._media = media
+
+    async def latest(self, run_id: str, *, include_interrupted: bool) -> ContinuableSnapshot | None:
+        """The run's readable snapshot with the highest `seq` (only complete ones unless `include_interrupted`)."""
+        query = _headers(run_id, include_interrupted).order_by(snapshots.c.seq.desc()).limit(1)
+        while True:
+            fetched = await self._db.run(partial(_fetch, run_id=run_id, query=query), write=False)
+            if not fetched:
+                return None
+            seq, candidate = fetched[0]
+            snapshot = None if candidate is None else await self._decode(run_id, candidate)
+            if snapshot is not None:
+                return snapshot
+            query = query.where(snapshots.c.seq < seq)
+
+    async def every(self, run_id: str, *, include_interrupted: bool) -> list[ContinuableSnapshot]:
+        """The run's readable snapshots in `seq` order (only complete ones unless `include_interrupted`)."""
+        query = _headers(run_id, include_interrupted).order_by(snapshots.c.seq)
+        fetched = await self._db.run(partial(_fetch, run_id=run_id, query=query), write=False)
+        decoded = [await self._decode(run_id, candidate) for _, candidate in fetched if candidate is not None]
+        return [snapshot for snapshot in decoded if snapshot is not None]
+
+    async def _decode(self, run_id: str, fetched: _Fetched) -> ContinuableSnapshot | None:
+        """The snapshot with its messages (media restored), or `None` (logged) if they cannot be read."""
+
+        async def decode() -> ContinuableSnapshot:
+            decoded = await self._messages(fetched.history, fetched.found)
+            return fetched.header.model_copy(update={'messages': decoded})
+
+        return await read_or_skip_async(f'snapshot {fetched.header.seq} of run {run_id!r}', decode)
+
+    async def _messages(self, history: StoredHistory, found: Sequence[Any]) -> list[ModelMessage]:
+        """The messages of `history` from its fetched rows, media put back.
+
+        Raises `ValueError` when a position has no row (damaged or removed rows) or a body is not a
+        message, and whatever the media store raises for a missing or corrupt blob.
+        """
+        positions = [row[0] for row in found]
+        if positions != list(range(history.length)):
+            missing = sorted(set(range(history.length)) - set(positions))
+            raise ValueError(f'no stored message at positions {missing[:10]} up to number {history.through_message}')
+        trees = [await self._media.unpack_message(body, externalized=externalized) for _, body, externalized in found]
+        return decode_messages(trees)
+
+
+def _headers(run_id: str, include_interrupted: bool) -> Any:
+    statement = select(*rows.SNAPSHOT_HEADER_COLUMNS).where(snapshots.c.run_id == run_id)
+    return statement if include_interrupted else statement.where(snapshots.c.state == 'complete')
+
+
+def _fetch(transaction: Transaction, run_id: str, query: Any) -> list[tuple[int, _Fetched | None]]:
+    """Every snapshot row of `query`: its `seq`, and the row with its message rows, or `None` if its fields
+    are unreadable (logged)."""
+    fetched: list[tuple[int, _Fetched | None]] = []
+    for row in transaction.execute(query).all():
+        parsed = read_or_skip(
+            f'snapshot {row.seq} of run {run_id!r}', partial(rows.snapshot_header_from_row, row._mapping)
+        )
+        if parsed is None:
+            fetched.append((row.seq, None))
+            continue
+        header, history = parsed
+        fetched.append((row.seq, _Fetched(header, history, _history_rows(transaction, run_id, history))))
+    return fetched
+
+
+def _history_rows(transaction: Transaction, run_id: str, history: StoredHistory) -> list[Any]:
+    """The rows `(position, body, externalized)` that make up `history`, in position order (one query)."""
+    newest = (
+        select(messages.c.position, func.max(messages.c.no).label('no'))
+        .where(
+            messages.c.run_id == run_id,
+            messages.c.position < history.length,
+            messages.c.no <= history.through_message,
+        )
+        .group_by(messages.c.position)
+        .subquery('newest')
+    )
+    statement = (
+        select(messages.c.position, cast(messages.c.body, Text), messages.c.externalized)
+        .join_from(messages, newest, and_(messages.c.run_id == run_id, messages.c.no == newest.c.no))
+        .order_by(messages.c.position)
+    )
+    return list(transaction.execute(statement).all())
