@@ -20,11 +20,22 @@ from pydantic_ai.capabilities.abstract import (
     WrapRunHandler,
     WrapToolExecuteHandler,
 )
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, ToolRetryError
-from pydantic_ai.messages import CapabilityEvent, ModelMessage, ModelResponse, ToolCallPart
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, RunCancelled, RunTimedOut, ToolRetryError
+from pydantic_ai.messages import (
+    CapabilityEvent,
+    ModelMessage,
+    ModelRequest,
+    ModelRequestPart,
+    ModelResponse,
+    ToolCallPart,
+    ToolReturn,
+    ToolReturnPart,
+)
 from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.result import FinalResult
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import RunContext, ToolDefinition
+from pydantic_graph import End
 
 from step_persistence._active import ACTIVE_RUN, ActiveRun
 from step_persistence._cancellation import run_to_completion
@@ -80,6 +91,28 @@ class _RunState:
     encoder: HistoryEncoder = field(default_factory=HistoryEncoder)
     live_messages: list[ModelMessage] | None = None
     """The run's message history list, as seen by node hooks (the run context's own may be stale)."""
+    source_run_id: str | None = None
+    """pydantic-ai's id of the run (`ctx.run_id`), which the messages it builds carry."""
+    registered: bool = False
+    """Whether `before_run` registered the run: a run refused at registration writes nothing else."""
+    ended: bool = False
+    """Whether the run's terminal event is queued; nothing is queued after it."""
+    open_request: int | None = None
+    """The step of the model request started and not yet ended (events), if any."""
+    pending_request: ModelRequest | None = None
+    """The request a settled tool cycle will send next, until the next model request puts it in the history.
+
+    A run stopped between the two (leaving `agent.iter` after a tool cycle) never gets it into its
+    history, but its returns are settled: the failure snapshot folds it in, as the tool-cycle one did.
+    """
+    final_result: FinalResult[Any] | None = None
+    """The final result the graph ended with (`End`), to answer its output call when the history does not."""
+    output_tool_names: set[str] = field(default_factory=set[str])
+    """Names of the output tools offered during the run."""
+    ran: set[str] = field(default_factory=set[str])
+    """Ids of the calls whose tool body started in the current tool cycle."""
+    results: dict[str, Any] = field(default_factory=dict[str, Any])
+    """Return values of the calls completed in the current tool cycle, by `tool_call_id`."""
     last_snapshot: tuple[EncodedMessage, ...] | None = None
     """The messages of the last snapshot written, to skip an unchanged final one."""
     step: int = 0
@@ -140,9 +173,59 @@ def _failure_summary(error: BaseException) -> str:
         return f'retried: the tool asked the model to retry (ModelRetry) without returning a result: {error}'
     if isinstance(error, CallDeferred | ApprovalRequired):
         return f'deferred: the call was handed off ({type(error).__name__}) without a result in this run'
+    if isinstance(error, RunTimedOut):
+        return 'cancelled before returning a result: the run timed out; its side effect may be partial'
+    if isinstance(error, RunCancelled):
+        return 'cancelled before returning a result: the run was cancelled; its side effect may be partial'
     if isinstance(error, asyncio.CancelledError):
         return 'cancelled before returning a result (e.g. a sibling tool call failed); its side effect may be partial'
     return f'failed: {error!r}'
+
+
+def _described(ctx: RunContext[Any], error: BaseException) -> BaseException:
+    """The error to record for `error`: a cancellation pydantic-ai will raise as `RunTimedOut`/`RunCancelled` as that.
+
+    Hooks see the cancellation itself; pydantic-ai translates it into `RunTimedOut` (the run's
+    `timeout=` passed) or `RunCancelled` (`ctx.cancel()`, `AgentRun.cancel()`, a cancellation
+    token) only at the run's outer edge, after every hook has run. Its controller says which;
+    a passed deadline says so too, should the controller not be reachable.
+    """
+    if not isinstance(error, asyncio.CancelledError):
+        return error
+    # Read via `__dict__`, as pydantic-ai's own `RunContext.cancel` does.
+    cancellation = ctx.__dict__.get('_cancellation')
+    remaining = ctx.remaining_time()
+    if getattr(cancellation, 'timed_out', False) or (remaining is not None and remaining <= 0):
+        return RunTimedOut('The agent run timed out.')
+    if getattr(cancellation, 'cancel_requested', False):
+        return RunCancelled('The agent run was cancelled.')
+    return error
+
+
+def _cut_short(response: ModelResponse) -> str | None:
+    """Why `response` is not a whole response (a stream stopped before its end), or `None` if it is."""
+    if response.state in ('incomplete', 'interrupted'):
+        return f'the response stream stopped before the response was complete (state {response.state!r})'
+    return None
+
+
+_FINAL_RESULT_PROCESSED = 'Final result processed.'
+_OUTPUT_NOT_USED = 'Output tool not used - a final result was already processed.'
+_TOOL_NOT_EXECUTED = 'Tool not executed - a final result was already processed.'
+"""The returns pydantic-ai gives the calls of a final response (`pydantic_ai._tool_execution`); the
+tests pin them against what `run_stream` puts in its result's history."""
+
+
+def _return_part(call: ToolCallPart, result: Any) -> ToolReturnPart:
+    """The return pydantic-ai records for a function tool call that returned `result`."""
+    if isinstance(result, ToolReturn):
+        return ToolReturnPart(
+            tool_name=call.tool_name,
+            content=result.return_value,
+            tool_call_id=call.tool_call_id,
+            metadata=result.metadata,
+        )
+    return ToolReturnPart(tool_name=call.tool_name, content=result, tool_call_id=call.tool_call_id)
 
 
 _DISCARDED_SUMMARY = (
@@ -195,6 +278,7 @@ class StepPersistence(AbstractCapability[Any]):
             conversation_id=ctx.conversation_id,
             parent_run_id=parent_run_id,
             agent_name=agent_name,
+            source_run_id=ctx.run_id,
         )
         return copy
 
@@ -282,6 +366,8 @@ class StepPersistence(AbstractCapability[Any]):
         error: BaseException | str | None = None,
     ) -> None:
         run = self._run
+        if run.ended:
+            return
         run.pending.events.append(
             StepEvent(
                 run_id=run.run_id,
@@ -298,6 +384,12 @@ class StepPersistence(AbstractCapability[Any]):
             )
         )
 
+    def _queue_terminal(self, kind: Literal['run_completed', 'run_failed'], *, error: BaseException | None) -> None:
+        """Queue the run's one terminal event; everything the run still owes is queued before it."""
+        run = self._run
+        self._queue_event(kind, step_index=run.step, key=run.key(kind), error=error)
+        run.ended = True
+
     def _queue_snapshot(
         self,
         messages: Sequence[ModelMessage],
@@ -307,6 +399,8 @@ class StepPersistence(AbstractCapability[Any]):
         skip_if_unchanged: bool = False,
     ) -> None:
         run = self._run
+        if run.ended:
+            return
         history = run.encoder.encode(messages)
         if skip_if_unchanged and history.messages == run.last_snapshot:
             return
@@ -326,6 +420,20 @@ class StepPersistence(AbstractCapability[Any]):
         )
         run.last_snapshot = history.messages
 
+    def _end_model_request(self, error: BaseException | str | None) -> None:
+        """Queue the ending event of the model request in flight, if one is: it ends exactly once."""
+        run = self._run
+        step = run.open_request
+        if step is None:
+            return
+        run.open_request = None
+        if error is None:
+            self._queue_event('model_request_completed', step_index=step, key=run.key('model', step, 'completed'))
+        else:
+            self._queue_event(
+                'model_request_failed', step_index=step, key=run.key('model', step, 'failed'), error=error
+            )
+
     # --- run lifecycle ---
 
     async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
@@ -334,10 +442,16 @@ class StepPersistence(AbstractCapability[Any]):
         try:
             return await handler()
         except BaseException as error:
-            if not run.failure_recorded:
-                self._queue_failure()
-            self._queue_event('run_failed', step_index=run.step, key=run.key('run_failed'), error=error)
-            await self._flush(ctx)
+            if run.registered:
+                # `wrap_run` runs in a task of its own: a model request or tool call of the run may
+                # not have reached its own error handling yet, so the failure closes them here, and
+                # their handlers then find nothing left to write. The terminal event goes last.
+                recorded = _described(ctx, error)
+                if not run.failure_recorded:
+                    self._queue_failure(recorded)
+                self._end_model_request(recorded)
+                self._queue_terminal('run_failed', error=recorded)
+                await self._flush(ctx)
             raise
         finally:
             ACTIVE_RUN.reset(token)
@@ -352,38 +466,118 @@ class StepPersistence(AbstractCapability[Any]):
             metadata=dict(self.metadata),
         )
         await self._persist_run(ctx, record)
+        run.registered = True
         self._queue_event('run_started', step_index=ctx.run_step, key=run.key('run_started'))
 
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         run = self._run
-        self._queue_snapshot(result.all_messages(), step_index=run.step, reason='final', skip_if_unchanged=True)
-        self._queue_event('run_completed', step_index=run.step, key=run.key('run_completed'))
+        self._end_model_request(None)
+        messages = self._answer_final_output(ctx, result.all_messages())
+        self._queue_snapshot(messages, step_index=run.step, reason='final', skip_if_unchanged=True)
+        self._queue_terminal('run_completed', error=None)
         await self._flush(ctx)
         return result
 
-    def _queue_failure(self) -> None:
-        """Close the ledger of every call the failure ended or whose result it lost, then snapshot the history.
+    def _answer_final_output(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> list[ModelMessage]:
+        """`messages`, with the request answering the final response's calls when the history lacks it.
+
+        `run_stream` ends a run whose output came from an output tool without adding that request to the
+        run's history: it adds it to the stream result's copy only (`StreamedRunResult.all_messages()`).
+        `run` adds it to the history. The request is rebuilt here as `run_stream` builds it, from the
+        final result, the calls this step executed and the output tools offered, so that the final
+        snapshot is the same continuable history under both.
+        """
+        run = self._run
+        final = run.final_result
+        if final is None or final.tool_call_id is None or not messages:
+            return messages
+        last = messages[-1]
+        unanswered = set(unanswered_tool_call_ids(messages))
+        if not isinstance(last, ModelResponse) or final.tool_call_id not in unanswered:
+            return messages
+        parts: list[ModelRequestPart] = []
+        for call in last.tool_calls:
+            if call.tool_call_id not in unanswered:
+                continue
+            if call.tool_call_id == final.tool_call_id:
+                parts.append(ToolReturnPart(call.tool_name, _FINAL_RESULT_PROCESSED, call.tool_call_id))
+            elif call.tool_call_id in run.results:
+                parts.append(_return_part(call, run.results[call.tool_call_id]))
+            elif call.tool_call_id in run.ran:
+                continue  # it ran without a result (it raised, or was deferred): it stays unanswered
+            elif call.tool_name in run.output_tool_names:
+                parts.append(ToolReturnPart(call.tool_name, _OUTPUT_NOT_USED, call.tool_call_id))
+            else:
+                parts.append(ToolReturnPart(call.tool_name, _TOOL_NOT_EXECUTED, call.tool_call_id))
+        request = ModelRequest(parts=parts, run_id=run.source_run_id, conversation_id=run.conversation_id)
+        return [*messages, request]
+
+    def _queue_failure(self, error: BaseException) -> None:
+        """Close what the failure ended (the model request, the calls in flight or whose result it lost), then snapshot.
 
         A cancelled run reaches its failure hooks before its tool calls are torn down, so calls
         still in flight are closed here, as cancelled; their own teardown then finds nothing to do.
         """
         run = self._run
         run.failure_recorded = True
+        self._end_model_request(error)
+        cancelled = error if isinstance(error, asyncio.CancelledError | RunCancelled) else asyncio.CancelledError()
         for call_id in list(run.active.in_flight):
-            self._queue_settle(call_id, step=run.step, error=asyncio.CancelledError())
+            self._queue_settle(call_id, step=run.step, error=cancelled)
         if run.live_messages is None:
             return
-        messages = list(run.live_messages)
+        messages = self._failure_history(run.live_messages)
         unanswered = set(unanswered_tool_call_ids(messages))
         for tool_call_id, record in run.completed_calls.items():
             if tool_call_id in unanswered:
                 self._queue_discarded(record, step_index=run.step)
         run.completed_calls.clear()
-        self._queue_snapshot(messages, step_index=run.step, reason='failure')
+        run.results.clear()
+        run.ran.clear()
+        self._queue_snapshot(messages, step_index=run.step, reason='failure', skip_if_unchanged=True)
+
+    def _failure_history(self, live: Sequence[ModelMessage]) -> list[ModelMessage]:
+        """The history a failed run leaves: the live one, with what it settled but has not appended yet.
+
+        - The request of a settled tool cycle that no model request has sent yet is folded in, as in
+          the tool-cycle snapshot: its returns are settled, and the ledger says so.
+        - A response whose stream stopped before its end is still `incomplete` in the history:
+          it is recorded as `interrupted`, pydantic-ai's state for a response cut off before the model
+          finished, which a later run closes (synthesized returns for its calls) on a new prompt.
+        - A response whose calls ran but will never all be answered (a call raised or was
+          cancelled) is followed by pydantic-ai's marker of an interrupted tool cycle, a request in
+          state `interrupted` holding the returns that did arrive. pydantic-ai appends it as its
+          tool cycle unwinds, which may be after this snapshot is taken, so it is added here when
+          missing. A later run then closes the other calls with `interrupted` returns instead of
+          executing them again: their side effects may have happened.
+        """
+        run = self._run
+        messages = list(live)
+        pending = run.pending_request
+        if pending is not None and not any(message is pending for message in messages):
+            messages.append(pending)
+        if not messages or not isinstance(last := messages[-1], ModelResponse):
+            return messages
+        if last.state == 'incomplete':
+            messages[-1] = last = dataclasses.replace(last, state='interrupted')
+        unanswered = set(unanswered_tool_call_ids(messages))
+        if any(call.tool_call_id in unanswered and call.tool_call_id in run.ran for call in last.tool_calls):
+            returned: list[ModelRequestPart] = [
+                _return_part(call, run.results[call.tool_call_id])
+                for call in last.tool_calls
+                if call.tool_call_id in run.results
+            ]
+            marker = ModelRequest(
+                parts=returned, run_id=run.source_run_id, conversation_id=run.conversation_id, state='interrupted'
+            )
+            messages.append(marker)
+        return messages
 
     def _queue_discarded(self, record: ToolEffectRecord, *, step_index: int) -> None:
         """Record a call whose return value never reached the history as failed, with the reason."""
         run = self._run
+        if run.ended:
+            return
         run.pending.tool_effects.append(
             record.model_copy(update={'status': 'failed', 'effect_summary': _DISCARDED_SUMMARY})
         )
@@ -409,9 +603,9 @@ class StepPersistence(AbstractCapability[Any]):
         self._observe(ctx)
         try:
             return await handler(node)
-        except BaseException:
+        except BaseException as error:
             self._observe(ctx)
-            self._queue_failure()
+            self._queue_failure(_described(ctx, error))
             await self._flush(ctx)
             raise
 
@@ -422,8 +616,18 @@ class StepPersistence(AbstractCapability[Any]):
         run.failure_recorded = False
         if isinstance(node, CallToolsNode) and isinstance(result, ModelRequestNode):
             run.completed_calls.clear()
+            run.results.clear()
+            run.ran.clear()
+            run.pending_request = result.request
             self._queue_snapshot([*ctx.messages, result.request], step_index=ctx.run_step, reason='tool_cycle')
+        elif isinstance(result, End) and isinstance(result.data, FinalResult):
+            run.final_result = result.data
         return result
+
+    async def prepare_output_tools(self, ctx: RunContext[Any], tool_defs: list[ToolDefinition]) -> list[ToolDefinition]:
+        if self._state is not None:
+            self._state.output_tool_names.update(tool_def.name for tool_def in tool_defs)
+        return tool_defs
 
     # --- model requests ---
 
@@ -436,6 +640,8 @@ class StepPersistence(AbstractCapability[Any]):
     ) -> ModelResponse:
         run = self._observe(ctx)
         step = ctx.run_step
+        self._end_model_request(None)
+        run.open_request = step
         self._queue_event('model_request_started', step_index=step, key=run.key('model', step, 'started'))
         if self.capture_frontier:
             self._queue_snapshot(ctx.messages, step_index=step, reason='before_request')
@@ -443,14 +649,13 @@ class StepPersistence(AbstractCapability[Any]):
         try:
             response = await handler(request_context)
         except BaseException as error:
-            self._queue_event(
-                'model_request_failed', step_index=step, key=run.key('model', step, 'failed'), error=error
-            )
+            self._end_model_request(_described(ctx, error))
             await self._flush(ctx)
             raise
-        self._queue_event('model_request_completed', step_index=step, key=run.key('model', step, 'completed'))
-        if self.capture_frontier:
-            self._queue_snapshot([*ctx.messages, response], step_index=step, reason='after_response')
+        if run.open_request == step:
+            self._end_model_request(_cut_short(response))
+            if self.capture_frontier:
+                self._queue_snapshot([*ctx.messages, response], step_index=step, reason='after_response')
         return response
 
     # --- tool calls ---
@@ -467,9 +672,13 @@ class StepPersistence(AbstractCapability[Any]):
         run = self._run
         step = ctx.run_step
         run.step = max(run.step, step)
+        # A call runs on a response that has arrived. `run_stream` runs the calls of its final
+        # response before that model request's handler returns: its response is complete then.
+        self._end_model_request(None)
         call_id = call.tool_call_id
         started = ToolEffectRecord(run_id=run.run_id, tool_call_id=call_id, tool_name=call.tool_name, status='started')
         run.active.in_flight[call_id] = started
+        run.ran.add(call_id)
         run.pending.tool_effects.append(started)
         self._queue_event(
             'tool_call_started', step_index=step, key=run.key('tool', step, call_id, 'started'), tool=started
@@ -478,10 +687,11 @@ class StepPersistence(AbstractCapability[Any]):
         try:
             result = await handler(args)
         except BaseException as error:
-            self._queue_settle(call_id, step=step, error=error)
+            self._queue_settle(call_id, step=step, error=_described(ctx, error))
             await self._flush(ctx)
             raise
-        self._queue_settle(call_id, step=step, error=None)
+        if self._queue_settle(call_id, step=step, error=None):
+            run.results[call_id] = result
         if not run.active.in_flight:
             # No sibling call is running: the completion rides with the next flush (the next model
             # request, tool call or the run's end), which the run reaches without waiting on a
@@ -493,18 +703,22 @@ class StepPersistence(AbstractCapability[Any]):
         except asyncio.CancelledError:
             # The completed record landed, but the run is discarding this call's result.
             record = run.completed_calls.pop(call_id, None)
+            run.results.pop(call_id, None)
             if record is not None:
                 self._queue_discarded(record, step_index=step)
                 await self._flush(ctx)
             raise
         return result
 
-    def _queue_settle(self, call_id: str, *, step: int, error: BaseException | None) -> None:
-        """Queue the terminal ledger record (keeping annotations) and its event, unless already queued."""
+    def _queue_settle(self, call_id: str, *, step: int, error: BaseException | None) -> bool:
+        """Queue the terminal ledger record (keeping annotations) and its event, unless already queued.
+
+        Returns whether it queued them.
+        """
         run = self._run
         in_flight = run.active.in_flight.pop(call_id, None)
-        if in_flight is None:
-            return
+        if in_flight is None or run.ended:
+            return False
         if error is None:
             record = in_flight.model_copy(update={'status': 'completed', 'ended_at': utc_now()})
             run.completed_calls[call_id] = record
@@ -515,6 +729,7 @@ class StepPersistence(AbstractCapability[Any]):
         kind: EventKind = 'tool_call_completed' if error is None else 'tool_call_failed'
         outcome = 'completed' if error is None else 'failed'
         self._queue_event(kind, step_index=step, key=run.key('tool', step, call_id, outcome), tool=record, error=error)
+        return True
 
     # --- specs ---
 
