@@ -1,0 +1,644 @@
+"""Every way pydantic-ai runs an agent, and every way a run ends, leaves a record that passes the audit.
+
+The scenario matrix: each scenario drives one entry point (`run`, `run_stream`, `run_stream_events`,
+`iter`, deferred tools, ...) to one outcome, checks what is particular to it, and ends with
+`audit_run` (tests/support/audit.py) on every run it made. Each runs on every backend of the
+registry. `run_sync` is in a sync test of its own; the scenarios whose record depends on timing
+(abandoned streams, cancellation, timeouts) also run 20 times in one test each.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, RunTimedOut, UsageLimitExceeded
+from pydantic_ai.messages import (
+    ModelMessage,
+    ModelMessagesTypeAdapter,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    ToolCallPart,
+)
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.run import AgentRun
+from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
+from pydantic_ai.toolsets import FunctionToolset
+from pydantic_ai.usage import UsageLimits
+
+from step_persistence import InMemoryStepStore, SnapshotSaved, StepEvent, StepPersistence, StepStore, continue_run
+from step_persistence.helpers import unanswered_tool_call_ids
+from support.audit import Audit, audit_run, audit_store, successful_returns
+from support.backends import StoreMaker
+from support.recording import RecordingStore
+
+pytestmark = pytest.mark.anyio
+
+# --- a scripted model that streams word by word ---
+
+
+def calls(*tool_calls: tuple[str, dict[str, Any], str]) -> ModelResponse:
+    return ModelResponse(parts=[ToolCallPart(name, args, call_id) for name, args, call_id in tool_calls])
+
+
+def text(content: str) -> ModelResponse:
+    return ModelResponse(parts=[TextPart(content)])
+
+
+@dataclass
+class Script:
+    """A model answering the n-th request it gets with `steps[n]` (the last one repeats).
+
+    Streamed, a text part arrives one word per chunk and a tool call's arguments in two chunks, so a
+    consumer can stop a stream midway. `block_at=n` makes the n-th request wait forever, after setting
+    `entered`, for cancellation and timeout scenarios.
+    """
+
+    steps: Sequence[ModelResponse]
+    block_at: int | None = None
+    entered: asyncio.Event = field(default_factory=asyncio.Event)
+    requests: int = 0
+
+    async def _next(self) -> ModelResponse:
+        index = self.requests
+        self.requests += 1
+        if index == self.block_at:
+            self.entered.set()
+            await asyncio.Event().wait()
+        return self.steps[min(index, len(self.steps) - 1)]
+
+    async def respond(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return await self._next()
+
+    async def stream(self, messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        response = await self._next()
+        for index, part in enumerate(response.parts):
+            if isinstance(part, TextPart):
+                for position, word in enumerate(part.content.split(' ')):
+                    yield f' {word}' if position else word
+            elif isinstance(part, ToolCallPart):
+                arguments = part.args_as_json_str()
+                middle = len(arguments) // 2
+                yield {
+                    index: DeltaToolCall(
+                        name=part.tool_name, json_args=arguments[:middle], tool_call_id=part.tool_call_id
+                    )
+                }
+                yield {index: DeltaToolCall(json_args=arguments[middle:])}
+
+    def model(self) -> FunctionModel:
+        return FunctionModel(self.respond, stream_function=self.stream)
+
+
+def model(*steps: ModelResponse, **options: Any) -> FunctionModel:
+    return Script(list(steps), **options).model()
+
+
+LOOKUP = calls(('lookup', {'key': 'a'}, 'lookup-1'))
+
+
+class Answer(BaseModel):
+    value: str
+
+
+def persisted(store: StepStore, scripted: FunctionModel | Script, **options: Any) -> Agent[None, Any]:
+    """An agent on `scripted` with a `lookup` tool, persisted into `store` with lineage and metadata."""
+    agent_model = scripted.model() if isinstance(scripted, Script) else scripted
+    capability = StepPersistence(store=store, agent_name='chat', metadata={'tenant': 'acme'})
+    agent: Agent[None, Any] = Agent(agent_model, capabilities=[capability], **options)
+
+    @agent.tool_plain
+    async def lookup(key: str) -> str:
+        return f'value of {key}'
+
+    return agent
+
+
+def dump(messages: Sequence[ModelMessage]) -> Any:
+    return ModelMessagesTypeAdapter.dump_python(list(messages), mode='json')
+
+
+def shape(messages: Sequence[ModelMessage]) -> list[tuple[str, list[tuple[str, Any]]]]:
+    """Messages without their timestamps: kind, and each part's kind with its call id and content."""
+    shaped = []
+    for message in messages:
+        parts = []
+        for part in message.parts:
+            identity = getattr(part, 'tool_call_id', None)
+            content = part.args_as_dict() if isinstance(part, ToolCallPart) else getattr(part, 'content', None)
+            parts.append((part.part_kind, (identity, content)))
+        shaped.append((message.kind, parts))
+    return shaped
+
+
+async def only_run(store: StepStore) -> str:
+    [run] = await store.list_runs()
+    return run.run_id
+
+
+async def audit_only_run(store: StepStore, **options: Any) -> Audit:
+    audit = await audit_run(store, await only_run(store), **options)
+    assert audit.run.agent_name == 'chat' and audit.run.metadata == {'tenant': 'acme'}
+    return audit
+
+
+TOOL_CYCLE_EVENTS = [
+    'run_started',
+    'model_request_started',
+    'model_request_completed',
+    'tool_call_started',
+    'tool_call_completed',
+    'model_request_started',
+]
+
+# --- the scenarios ---
+
+Scenario = Callable[[StepStore], Awaitable[None]]
+SCENARIOS: dict[str, Scenario] = {}
+
+
+def scenario(function: Scenario) -> Scenario:
+    SCENARIOS[function.__name__] = function
+    return function
+
+
+@scenario
+async def run_completes(store: StepStore) -> None:
+    result = await persisted(store, model(LOOKUP, text('done'))).run('go', conversation_id='conv')
+    audit = await audit_only_run(store)
+    assert audit.run.conversation_id == 'conv'
+    assert audit.kinds == [*TOOL_CYCLE_EVENTS, 'model_request_completed', 'run_completed']
+    assert [(s.step_index, s.state) for s in audit.snapshots] == [(1, 'complete'), (2, 'complete')]
+    assert audit.latest is not None and dump(audit.latest.messages) == dump(result.all_messages())
+
+
+@scenario
+async def run_stream_text_consumed(store: StepStore) -> None:
+    async with persisted(store, model(LOOKUP, text('one two three'))).run_stream('go') as stream:
+        assert await stream.get_output() == 'one two three'
+    audit = await audit_only_run(store)
+    assert audit.kinds == [*TOOL_CYCLE_EVENTS, 'model_request_completed', 'run_completed']
+    assert audit.latest is not None and dump(audit.latest.messages) == dump(stream.all_messages())
+
+
+@scenario
+async def run_stream_output_tool_consumed(store: StepStore) -> None:
+    final = calls(('final_result', {'value': 'a and b'}, 'out-1'))
+    agent = persisted(store, model(LOOKUP, final), output_type=Answer)
+    async with agent.run_stream('go') as stream:
+        assert await stream.get_output() == Answer(value='a and b')
+    audit = await audit_only_run(store)
+    assert audit.kinds == [*TOOL_CYCLE_EVENTS, 'model_request_completed', 'run_completed']
+    latest = audit.latest
+    assert latest is not None and latest.state == 'complete' and len(latest.messages) == 5
+    # The stream's result holds the output call's return; the run's own history does not (see
+    # test_pydantic_ai_behaviour.py): the final snapshot is the stream result's history.
+    assert shape(latest.messages) == shape(stream.all_messages())
+    assert successful_returns(latest.messages)['out-1'] == 'Final result processed.'
+    # `run` stores the same history.
+    result = await persisted(InMemoryStepStore(), model(LOOKUP, final), output_type=Answer).run('go')
+    assert shape(latest.messages) == shape(result.all_messages())
+
+
+@scenario
+async def run_stream_output_tool_beside_a_function_call(store: StepStore) -> None:
+    final = calls(('lookup', {'key': 'z'}, 'lookup-2'), ('final_result', {'value': 'z'}, 'out-1'))
+    agent = persisted(store, model(final), output_type=Answer)
+    async with agent.run_stream('go') as stream:
+        assert await stream.get_output() == Answer(value='z')
+    audit = await audit_only_run(store)
+    assert audit.statuses() == {'lookup-2': 'completed'}
+    assert audit.kinds == [
+        'run_started',
+        'model_request_started',
+        'model_request_completed',  # the call ran on the whole response, after the request ended
+        'tool_call_started',
+        'tool_call_completed',
+        'run_completed',
+    ]
+    assert audit.latest is not None and audit.latest.state == 'complete'
+    assert shape(audit.latest.messages) == shape(stream.all_messages())
+
+
+@scenario
+async def run_stream_text_abandoned(store: StepStore) -> None:
+    full = 'the answer is forty two and then some more words'
+    async with persisted(store, model(LOOKUP, text(full))).run_stream('go') as stream:
+        seen = await anext(aiter(stream.stream_text(debounce_by=None)))
+    audit = await audit_only_run(store)
+    assert audit.kinds[-3:] == ['model_request_started', 'model_request_failed', 'run_failed']
+    assert 'stopped before the response was complete' in (audit.events[-2].error or '')
+    latest = audit.latest
+    assert latest is not None and latest.state == 'complete'
+    [*_, response] = latest.messages
+    assert isinstance(response, ModelResponse) and response.state == 'interrupted'
+    kept = response.text or ''
+    assert kept.startswith(seen) and full.startswith(kept)
+
+
+@scenario
+async def run_stream_output_tool_abandoned(store: StepStore) -> None:
+    final = calls(('final_result', {'value': 'a long answer'}, 'out-1'))
+    agent = persisted(store, model(LOOKUP, final), output_type=Answer)
+    async with agent.run_stream('go') as stream:
+        async for _ in stream.stream_output(debounce_by=None):
+            break
+    audit = await audit_only_run(store)
+    assert audit.kinds[-2:] == ['model_request_failed', 'run_failed']
+    latest, complete = audit.latest, audit.latest_complete
+    assert latest is not None and latest.state == 'interrupted'
+    assert isinstance(latest.messages[-1], ModelResponse) and latest.messages[-1].state == 'interrupted'
+    assert complete is not None and complete.step_index == 1 and len(complete.messages) == 3
+    # pydantic-ai closes a cut-off response's calls when a new prompt follows it.
+    result = await Agent(model(text('again'))).run('go on', message_history=latest.messages)
+    assert result.output == 'again'
+
+
+@scenario
+async def run_stream_events_snapshots_match_the_store(store: StepStore) -> None:
+    agent = persisted(store, model(LOOKUP, calls(('lookup', {'key': 'b'}, 'lookup-2')), text('done')))
+    saved: list[SnapshotSaved] = []
+    async with agent.run_stream_events('go', conversation_id='conv') as events:
+        async for event in events:
+            if isinstance(event, SnapshotSaved):
+                saved.append(event)
+    audit = await audit_only_run(store)
+    stored = [(s.run_id, s.conversation_id, s.step_index, s.state) for s in audit.snapshots]
+    streamed = [(e.run_id, e.conversation_id, e.step_index, e.state) for e in saved]
+    # Every snapshot written during the run's steps reached the stream, in order; only the final
+    # one is written after the stream has closed.
+    assert streamed == stored[:-1] and len(stored) == 3
+
+
+@scenario
+async def iter_to_the_end(store: StepStore) -> None:
+    async with persisted(store, model(LOOKUP, text('done'))).iter('go') as run:
+        async for _ in run:
+            pass
+    audit = await audit_only_run(store)
+    assert audit.terminal.kind == 'run_completed'
+    assert run.result is not None and audit.latest is not None
+    assert dump(audit.latest.messages) == dump(run.result.all_messages())
+
+
+async def iterate_until(run: AgentRun[None, Any], stop: Callable[[Any, list[Any]], bool]) -> None:
+    seen: list[Any] = []
+    async for node in run:
+        if stop(node, seen):
+            return
+        seen.append(node)
+
+
+@scenario
+async def iter_left_after_a_tool_cycle(store: StepStore) -> None:
+    async with persisted(store, model(LOOKUP, text('done'))).iter('go') as run:
+        await iterate_until(run, lambda node, seen: Agent.is_model_request_node(node) and len(seen) > 2)
+    audit = await audit_only_run(store)
+    assert audit.kinds == [*TOOL_CYCLE_EVENTS[:-1], 'run_failed']
+    assert audit.statuses() == {'lookup-1': 'completed'}
+    # One snapshot: the tool cycle's. The run stopped with that history, return included.
+    [snapshot] = audit.snapshots
+    assert snapshot.state == 'complete' and successful_returns(snapshot.messages) == {'lookup-1': 'value of a'}
+    assert audit.continued is not None  # resumed with no new prompt: the model gets the return
+
+
+@scenario
+async def iter_left_before_the_tools_ran(store: StepStore) -> None:
+    agent = persisted(store, model(LOOKUP, text('done')))
+    async with agent.iter('go') as run:
+        await iterate_until(run, lambda node, seen: Agent.is_call_tools_node(node))
+    audit = await audit_only_run(store)
+    assert audit.kinds == ['run_started', 'model_request_started', 'model_request_completed', 'run_failed']
+    assert audit.effects == {}
+    [snapshot] = audit.snapshots
+    assert snapshot.state == 'interrupted' and unanswered_tool_call_ids(snapshot.messages) == ['lookup-1']
+    # The call never started: continuing with no new prompt runs it, in the new run.
+    history = await continue_run(store, run_id=audit.run.run_id, include_interrupted=True)
+    assert (await agent.run(message_history=history)).output == 'done'
+    [_, second] = await audit_store(store)
+    assert second.statuses() == {'lookup-1': 'completed'} and second.terminal.kind == 'run_completed'
+
+
+def deferring_agent(store: StepStore, steps: Sequence[ModelResponse]) -> Agent[None, Any]:
+    agent = persisted(store, model(*steps), output_type=[str, DeferredToolRequests])
+
+    @agent.tool_plain(requires_approval=True)
+    async def delete(path: str) -> str:
+        return f'deleted {path}'
+
+    @agent.tool
+    async def publish(ctx: RunContext[None], page: str) -> str:
+        if not ctx.tool_call_approved:
+            raise ApprovalRequired()
+        return f'published {page}'
+
+    @agent.tool_plain
+    async def fetch(url: str) -> str:
+        raise CallDeferred()
+
+    return agent
+
+
+async def pending_calls(store: StepStore, run_id: str) -> dict[str, str]:
+    """The calls a paused run waits on, as docs/capability.md finds them: call id -> 'approval' | 'external'."""
+    snapshot = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
+    assert snapshot is not None
+    pending = {}
+    for call_id in unanswered_tool_call_ids(snapshot.messages):
+        effect = await store.get_tool_effect(run_id=run_id, tool_call_id=call_id)
+        if effect is None or 'ApprovalRequired' in (effect.effect_summary or ''):
+            pending[call_id] = 'approval'
+        else:
+            pending[call_id] = 'external'
+    return pending
+
+
+async def deferred_then_resumed(store: StepStore, call: ModelResponse, results: DeferredToolResults) -> list[Audit]:
+    agent = deferring_agent(store, [call, text('done')])
+    first = await agent.run('go', conversation_id='conv')
+    assert isinstance(first.output, DeferredToolRequests)
+    [paused] = await audit_store(store)
+    assert paused.terminal.kind == 'run_completed'
+    assert paused.latest is not None and paused.latest.state == 'interrupted' and paused.latest_complete is None
+    history = await continue_run(store, run_id=paused.run.run_id, include_interrupted=True)
+    second = await agent.run(message_history=history, deferred_tool_results=results, conversation_id='conv')
+    assert second.output == 'done'
+    audits = await audit_store(store)
+    assert audits[1].terminal.kind == 'run_completed' and audits[1].latest_complete is not None
+    return [paused, audits[1]]
+
+
+@scenario
+async def deferred_requires_approval(store: StepStore) -> None:
+    call = calls(('delete', {'path': '/tmp/x'}, 'delete-1'))
+    paused, resumed = await deferred_then_resumed(store, call, DeferredToolResults(approvals={'delete-1': True}))
+    assert paused.effects == {}  # never started: no ledger record, no event
+    assert await pending_calls(store, paused.run.run_id) == {'delete-1': 'approval'}
+    assert resumed.statuses() == {'delete-1': 'completed'}
+    assert resumed.latest is not None and successful_returns(resumed.latest.messages)['delete-1'] == 'deleted /tmp/x'
+
+
+@scenario
+async def deferred_approval_required_raised(store: StepStore) -> None:
+    call = calls(('publish', {'page': 'home'}, 'publish-1'))
+    paused, resumed = await deferred_then_resumed(store, call, DeferredToolResults(approvals={'publish-1': True}))
+    [record] = paused.effects.values()
+    assert record.status == 'failed' and (record.effect_summary or '').startswith('deferred')
+    assert await pending_calls(store, paused.run.run_id) == {'publish-1': 'approval'}
+    assert resumed.statuses() == {'publish-1': 'completed'}
+
+
+@scenario
+async def deferred_call_deferred_raised(store: StepStore) -> None:
+    call = calls(('fetch', {'url': 'https://example.com'}, 'fetch-1'))
+    paused, resumed = await deferred_then_resumed(store, call, DeferredToolResults(calls={'fetch-1': 'fetched'}))
+    assert paused.statuses() == {'fetch-1': 'failed'}
+    assert await pending_calls(store, paused.run.run_id) == {'fetch-1': 'external'}
+    assert resumed.effects == {}  # the result came from outside: nothing ran in the second run
+    assert resumed.latest is not None and successful_returns(resumed.latest.messages)['fetch-1'] == 'fetched'
+
+
+@scenario
+async def output_validator_retries(store: StepStore) -> None:
+    agent = persisted(store, model(LOOKUP, text('bad'), text('good')))
+
+    @agent.output_validator
+    def validate(output: str) -> str:
+        if output.strip() == 'bad':
+            raise ModelRetry('not good enough')
+        return output
+
+    assert (await agent.run('go')).output == 'good'
+    audit = await audit_only_run(store)
+    assert audit.kinds.count('model_request_started') == 3 and audit.terminal.kind == 'run_completed'
+    assert [s.state for s in audit.snapshots] == ['complete'] * 3
+
+
+@scenario
+async def usage_limit_exceeded(store: StepStore) -> None:
+    agent = persisted(store, model(LOOKUP, text('done')))
+    with pytest.raises(UsageLimitExceeded):
+        await agent.run('go', usage_limits=UsageLimits(request_limit=1))
+    audit = await audit_only_run(store)
+    assert 'UsageLimitExceeded' in (audit.terminal.error or '') and audit.terminal.kind == 'run_failed'
+    assert audit.statuses() == {'lookup-1': 'completed'}
+    assert audit.latest is not None and audit.latest.state == 'complete'
+
+
+@scenario
+async def token_limit_exceeded(store: StepStore) -> None:
+    agent = persisted(store, model(LOOKUP, text('done')))
+    with pytest.raises(UsageLimitExceeded):
+        await agent.run('go', usage_limits=UsageLimits(output_tokens_limit=1))
+    audit = await audit_only_run(store)
+    assert audit.kinds[-2:] == ['model_request_completed', 'run_failed'] and audit.effects == {}
+    # The response that crossed the limit is kept, as pydantic-ai keeps it, marked interrupted.
+    assert audit.latest is not None and audit.latest.state == 'interrupted'
+    assert isinstance(audit.latest.messages[-1], ModelResponse) and audit.latest.messages[-1].state == 'interrupted'
+
+
+async def hanging_tool_agent(store: StepStore, entered: asyncio.Event, **options: Any) -> Agent[None, Any]:
+    agent = persisted(store, model(LOOKUP, calls(('hang', {}, 'hang-1')), text('never')), **options)
+
+    @agent.tool_plain
+    async def hang() -> str:
+        entered.set()
+        await asyncio.Event().wait()
+        return 'unreachable'
+
+    return agent
+
+
+def assert_cancelled_in_tool(audit: Audit, error: str) -> None:
+    assert audit.kinds[-3:] == ['tool_call_started', 'tool_call_failed', 'run_failed']
+    assert audit.terminal.error == error and audit.events[-2].error == error
+    assert audit.statuses() == {'lookup-1': 'completed', 'hang-1': 'failed'}
+    assert 'cancelled' in (audit.effects['hang-1'].effect_summary or '')
+    latest = audit.latest
+    assert latest is not None and latest.state == 'interrupted'
+    # pydantic-ai's marker of an interrupted tool cycle ends the history: a later run closes the
+    # call with an `interrupted` return instead of running it again.
+    assert isinstance(latest.messages[-1], ModelRequest) and latest.messages[-1].state == 'interrupted'
+
+
+def assert_cancelled_in_model_request(audit: Audit, error: str) -> None:
+    assert audit.kinds[-3:] == ['model_request_started', 'model_request_failed', 'run_failed']
+    assert audit.terminal.error == error and audit.events[-2].error == error
+    assert audit.latest is not None and audit.latest.state == 'complete'
+
+
+async def cancel_when(task: asyncio.Task[Any], event: asyncio.Event) -> None:
+    await event.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+@scenario
+async def cancelled_in_a_tool(store: StepStore) -> None:
+    entered = asyncio.Event()
+    agent = await hanging_tool_agent(store, entered)
+    await cancel_when(asyncio.create_task(agent.run('go')), entered)
+    assert_cancelled_in_tool(await audit_only_run(store), 'CancelledError()')
+
+
+@scenario
+async def cancelled_in_a_model_request(store: StepStore) -> None:
+    script = Script([LOOKUP, text('never')], block_at=1)
+    await cancel_when(asyncio.create_task(persisted(store, script).run('go')), script.entered)
+    audit = await audit_only_run(store)
+    assert_cancelled_in_model_request(audit, 'CancelledError()')
+    assert audit.statuses() == {'lookup-1': 'completed'}
+
+
+TIMED_OUT = repr(RunTimedOut('The agent run timed out.'))
+
+
+@scenario
+async def timeout_in_a_tool(store: StepStore) -> None:
+    entered = asyncio.Event()
+    with pytest.raises(RunTimedOut):
+        await (await hanging_tool_agent(store, entered)).run('go', timeout=0.5)
+    audit = await audit_only_run(store)
+    assert audit.terminal.error == TIMED_OUT
+    if entered.is_set():
+        assert_cancelled_in_tool(audit, TIMED_OUT)
+        assert 'timed out' in (audit.effects['hang-1'].effect_summary or '')
+
+
+@scenario
+async def timeout_in_a_model_request(store: StepStore) -> None:
+    script = Script([LOOKUP, text('never')], block_at=1)
+    with pytest.raises(RunTimedOut):
+        await persisted(store, script).run('go', timeout=0.5)
+    audit = await audit_only_run(store)
+    assert audit.terminal.error == TIMED_OUT
+    if script.entered.is_set():
+        assert_cancelled_in_model_request(audit, TIMED_OUT)
+
+
+@scenario
+async def toolsets_on_the_agent_and_per_run(store: StepStore) -> None:
+    async def search(query: str) -> str:
+        return f'found {query}'
+
+    async def fetch(url: str) -> str:
+        return f'page {url}'
+
+    both = calls(('search', {'query': 'q'}, 'search-1'), ('fetch', {'url': 'u'}, 'fetch-1'))
+    agent = persisted(store, model(both, text('done')), toolsets=[FunctionToolset([search])])
+    await agent.run('go', toolsets=[FunctionToolset([fetch])])
+    audit = await audit_only_run(store)
+    assert audit.statuses() == {'search-1': 'completed', 'fetch-1': 'completed'}
+    assert audit.latest is not None
+    assert successful_returns(audit.latest.messages) == {'search-1': 'found q', 'fetch-1': 'page u'}
+
+
+@scenario
+async def override_model(store: StepStore) -> None:
+    agent = persisted(store, model(text('from the agent model')))
+    with agent.override(model=model(LOOKUP, text('from the override'))):
+        result = await agent.run('go')
+    assert result.output == 'from the override'
+    audit = await audit_only_run(store)
+    assert audit.statuses() == {'lookup-1': 'completed'}
+    assert audit.latest is not None and dump(audit.latest.messages) == dump(result.all_messages())
+
+
+@pytest.mark.parametrize('name', sorted(SCENARIOS))
+async def test_entry_point(name: str, make_store: StoreMaker) -> None:
+    await SCENARIOS[name](await make_store())
+
+
+# --- timing: the same scenarios, 20 times, stopping at different points ---
+
+
+class SignallingStore(RecordingStore):
+    """A pass-through store that sets an event as each kind of event is written."""
+
+    def __init__(self, inner: StepStore) -> None:
+        super().__init__(inner)
+        self.written: dict[str, asyncio.Event] = {}
+
+    def when(self, kind: str) -> asyncio.Event:
+        return self.written.setdefault(kind, asyncio.Event())
+
+    async def append_event(self, event: StepEvent) -> None:
+        await super().append_event(event)
+        self.when(event.kind).set()
+
+
+async def read_some(chunks: AsyncIterator[Any], count: int) -> None:
+    for _ in range(count):
+        try:
+            await anext(chunks)
+        except StopAsyncIteration:
+            return
+
+
+async def test_abandoned_streams_repeatedly(make_store: StoreMaker) -> None:
+    """Leave text and output-tool streams after 0, 1, ... chunks, up to reading them whole."""
+    store = await make_store()
+    words = ' '.join(f'w{index}' for index in range(8))
+    for iteration in range(20):
+        structured = iteration % 2 == 1
+        final = calls(('final_result', {'value': words}, 'out-1')) if structured else text(words)
+        agent = persisted(store, model(LOOKUP, final), output_type=Answer if structured else str)
+        async with agent.run_stream('go', conversation_id=f'conv-{iteration}') as stream:
+            chunks = stream.stream_output(debounce_by=None) if structured else stream.stream_text(debounce_by=None)
+            await read_some(aiter(chunks), iteration // 2)
+            consumed = stream.is_complete
+        [run] = await store.list_runs(conversation_id=f'conv-{iteration}')
+        audit = await audit_run(store, run.run_id)
+        assert audit.terminal.kind == ('run_completed' if consumed else 'run_failed'), iteration
+
+
+async def test_cancellations_repeatedly(make_store: StoreMaker) -> None:
+    """Cancel a run at 20 points: as each kind of its writes lands, in a model request, in a tool."""
+    store = SignallingStore(await make_store())
+    points = ['run_started', 'model_request_started', 'model_request_completed', 'tool_call_started']
+    points += ['tool_call_completed', 'in_model_request', 'in_tool']
+    for iteration in range(20):
+        point = points[iteration % len(points)]
+        store.written.clear()
+        entered = asyncio.Event()
+        if point == 'in_model_request':
+            script = Script([LOOKUP, text('never')], block_at=1)
+            agent, entered = persisted(store, script), script.entered
+        else:
+            agent = await hanging_tool_agent(store, entered)
+        condition = entered if point.startswith('in_') else store.when(point)
+        task = asyncio.create_task(agent.run('go', conversation_id=f'conv-{iteration}'))
+        await condition.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        [run] = await store.list_runs(conversation_id=f'conv-{iteration}')
+        audit = await audit_run(store, run.run_id)
+        assert audit.terminal.kind == 'run_failed' and audit.terminal.error == 'CancelledError()', (point, audit.kinds)
+
+
+async def test_timeouts_repeatedly(make_store: StoreMaker) -> None:
+    store = await make_store()
+    for iteration in range(20):
+        in_tool = iteration % 2 == 0
+        timeout = 0.05 * (1 + iteration // 2)
+        entered = asyncio.Event()
+        if in_tool:
+            agent = await hanging_tool_agent(store, entered)
+        else:
+            script = Script([LOOKUP, text('never')], block_at=1)
+            agent, entered = persisted(store, script), script.entered
+        with pytest.raises(RunTimedOut):
+            await agent.run('go', timeout=timeout, conversation_id=f'conv-{iteration}')
+        [run] = await store.list_runs(conversation_id=f'conv-{iteration}')
+        audit = await audit_run(store, run.run_id)
+        assert audit.terminal.error == TIMED_OUT
+        if entered.is_set():
+            (assert_cancelled_in_tool if in_tool else assert_cancelled_in_model_request)(audit, TIMED_OUT)
