@@ -19,18 +19,19 @@ One `write_batch` (a flush: tool effects, events and snapshots), in order:
    rows are packed inside the transaction.
 2. One write transaction (`_write`; on SQLite `BEGIN IMMEDIATE`): the staged blob rows, the tool
    effects and events (`writes.py`), then per snapshot, in order (`_save`):
-   a. one `UPDATE runs ... RETURNING` (with PostgreSQL, the idempotency key's claim in the same
-      statement) takes the run's next `last_snapshot_seq` and adds the planned row count to
-      `last_message_no`: it holds the run's row until commit, so writers of one run, in any
-      process, take turns here, and what it returns, minus the reservation, is where this save's
-      numbers start. A repeated idempotency key ends the save (the run has that snapshot);
+   a. the snapshot's idempotency key, if any, is claimed (a key the run used already ends the
+      save: the run has that snapshot); then one `UPDATE runs ... RETURNING` (on PostgreSQL the
+      same statement as the claim) takes the run's next `last_snapshot_seq` and adds the planned
+      row count to `last_message_no`. It holds the run's row until commit, so writers of one run,
+      in any process, take turns here; what it returns, minus the reservation, is where this
+      save's numbers start;
    b. if the head lags behind that number (another writer added rows), the rows since are read
       into it; a head of an earlier registration starts over empty. The changed positions are
       numbered from there and inserted in one statement; should one of them hold a message that was
       not packed in step 1, `NeedsPacking` rolls the whole transaction back;
    c. only when the rows written differ from the reservation, a second statement corrects
-      `last_message_no`; then the snapshot row is inserted, and retention
-      (`max_snapshots_per_run`) deletes the run's snapshots beyond the window.
+      `last_message_no`; then the snapshot row is inserted, and with `max_snapshots_per_run` the
+      run's snapshots that retention no longer keeps (`retained_seqs`) are deleted.
 3. After `NeedsPacking`, the run's head is read again and both steps run again. After the commit,
    the advanced heads go to the cache, for the next save to plan from.
 """
