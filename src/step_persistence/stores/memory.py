@@ -20,7 +20,7 @@ from step_persistence.records import (
     merge_tool_effect,
 )
 from step_persistence.retention import retained_seqs, validate_max_snapshots
-from step_persistence.stores._pruning import PrunesFromListing
+from step_persistence.stores._pruning import PrunesOldRuns
 
 __all__ = ['InMemoryStepStore']
 
@@ -44,7 +44,7 @@ class _RunData:
     effects: dict[str, ToolEffectRecord] = field(default_factory=dict[str, ToolEffectRecord])
 
 
-class InMemoryStepStore(PrunesFromListing, ClosesOnExit):
+class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
     """Keeps everything in this process's memory; for tests and short-lived scripts.
 
     Snapshots are stored as encoded copies, so mutating a history after saving it never changes

@@ -35,7 +35,7 @@ from step_persistence.records import (
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._idempotency import first_per_key
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
-from step_persistence.stores._pruning import PrunesFromListing
+from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.file import reclaiming as file_reclaiming
 from step_persistence.stores.file._codec import (
     SnapshotEntry,
@@ -87,7 +87,7 @@ class _RegistrationClock:
 _REGISTRATION_CLOCK = _RegistrationClock()
 
 
-class FileStepStore(PrunesFromListing, ClosesOnExit):
+class FileStepStore(PrunesOldRuns, ClosesOnExit):
     """Stores runs as plain JSON files under `directory`, one directory per run.
 
     Every run id is validated (`[A-Za-z0-9_.-]{1,200}`, no `..`, not `.`) before the disk is

@@ -8,7 +8,6 @@ so a standalone server works as well as a replica set. See docs/mongo.md.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Final
@@ -25,15 +24,14 @@ from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
-    RunStatus,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
-    require_utc,
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import MediaSetting, MessageMedia
 from step_persistence.stores._positions import RunHead
+from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.mongo._call_order import CallOrder
 from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
 from step_persistence.stores.mongo._counters import Counters
@@ -59,7 +57,7 @@ _LATEST_PAGE: Final = 4
 """How many snapshot headers `latest_snapshot` reads at a time while skipping unreadable ones."""
 
 
-class MongoStepStore(ClosesOnExit):
+class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     """Runs, events, snapshots and tool effects in one MongoDB database.
 
     Give exactly one of `client` (a pymongo `AsyncMongoClient` or motor `AsyncIOMotorClient`
@@ -276,23 +274,9 @@ class MongoStepStore(ClosesOnExit):
             await lifecycle.delete_delegated_runs(self, run_id)
         await self._order.write([run_id], partial(self._delete_run, run_id))
 
-    async def prune_runs(
-        self,
-        *,
-        older_than: datetime,
-        statuses: Collection[RunStatus] | None = None,
-        include_running: bool = False,
-    ) -> list[str]:
-        """Delete old runs (see `StepStore.prune_runs`), found with the `started_at` index."""
-        cutoff = require_utc(older_than)
-        lifecycle.validate_statuses(statuses)
-        return await lifecycle.prune_runs(
-            self,
-            older_than=cutoff,
-            statuses=statuses,
-            include_running=include_running,
-            candidates=await self._find_runs(started_before_query(cutoff)),
-        )
+    async def runs_started_before(self, cutoff: datetime) -> list[RunRecord]:
+        """The runs that started before `cutoff`, oldest first, found with the `started_at` index (for `prune_runs`)."""
+        return await self._find_runs(started_before_query(cutoff))
 
     async def _delete_run(self, run_id: str) -> None:
         self._known_runs.discard(run_id)

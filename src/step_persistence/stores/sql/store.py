@@ -10,28 +10,25 @@ the other reads below.
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any
 
 from sqlalchemy import and_, select
 
-from step_persistence import lifecycle
 from step_persistence._reading import read_each, read_or_skip
 from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
-    RunStatus,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
-    require_utc,
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
+from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.sql import lifecycle as sql_lifecycle
 from step_persistence.stores.sql import reclaiming, rows
 from step_persistence.stores.sql.database import Database, DatabaseTarget
@@ -46,7 +43,7 @@ from step_persistence.stores.sql.writes import Writes
 __all__ = ['SqlStepStore']
 
 
-class SqlStepStore(DatabaseStore):
+class SqlStepStore(PrunesOldRuns, DatabaseStore):
     """Runs, events, snapshots and tool effects in a SQL database (SQLite or PostgreSQL).
 
     `target` is one of:
@@ -240,24 +237,10 @@ class SqlStepStore(DatabaseStore):
         for deleted_id in deleted:
             self._snapshot_saves.forget(deleted_id)
 
-    async def prune_runs(
-        self,
-        *,
-        older_than: datetime,
-        statuses: Collection[RunStatus] | None = None,
-        include_running: bool = False,
-    ) -> list[str]:
-        """Delete old runs (see `StepStore.prune_runs`), found with an indexed `started_at` query."""
-        cutoff = require_utc(older_than)
-        lifecycle.validate_statuses(statuses)
+    async def runs_started_before(self, cutoff: datetime) -> list[RunRecord]:
+        """The runs that started before `cutoff`, oldest first, found with an indexed query (for `prune_runs`)."""
         found = await self._read(sql_lifecycle.runs_started_before(cutoff))
-        return await lifecycle.prune_runs(
-            self,
-            older_than=cutoff,
-            statuses=statuses,
-            include_running=include_running,
-            candidates=read_each(found, _run_name, _run_from_row),
-        )
+        return read_each(found, _run_name, _run_from_row)
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
         """Delete message rows no snapshot uses and unreferenced blobs (see `stores/sql/reclaiming.py`)."""
