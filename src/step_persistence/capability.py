@@ -465,9 +465,15 @@ class StepPersistence(AbstractCapability[Any]):
             agent_name=run.agent_name,
             metadata=dict(self.metadata),
         )
-        await self._persist_run(ctx, record)
-        run.registered = True
-        self._queue_event('run_started', step_index=ctx.run_step, key=run.key('run_started'))
+
+        async def register() -> None:
+            await self._persist_run(ctx, record)
+            run.registered = True
+            self._queue_event('run_started', step_index=ctx.run_step, key=run.key('run_started'))
+
+        # To its end, so that a run cancelled meanwhile (a short `timeout=`) knows whether its record
+        # landed: a registered run always gets its `run_started` and terminal events.
+        await run_to_completion(register())
 
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         run = self._run
@@ -524,8 +530,8 @@ class StepPersistence(AbstractCapability[Any]):
         cancelled = error if isinstance(error, asyncio.CancelledError | RunCancelled) else asyncio.CancelledError()
         for call_id in list(run.active.in_flight):
             self._queue_settle(call_id, step=run.step, error=cancelled)
-        if run.live_messages is None:
-            return
+        if not run.live_messages:
+            return  # it failed before its first message: there is no history to keep
         messages = self._failure_history(run.live_messages)
         unanswered = set(unanswered_tool_call_ids(messages))
         for tool_call_id, record in run.completed_calls.items():

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from anyio.from_thread import start_blocking_portal
 from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, RunTimedOut, UsageLimitExceeded
@@ -35,7 +36,7 @@ from pydantic_ai.usage import UsageLimits
 from step_persistence import InMemoryStepStore, SnapshotSaved, StepEvent, StepPersistence, StepStore, continue_run
 from step_persistence.helpers import unanswered_tool_call_ids
 from support.audit import Audit, audit_run, audit_store, successful_returns
-from support.backends import StoreMaker
+from support.backends import Backend, StoreMaker
 from support.recording import RecordingStore
 
 pytestmark = pytest.mark.anyio
@@ -625,10 +626,11 @@ async def test_cancellations_repeatedly(make_store: StoreMaker) -> None:
 
 
 async def test_timeouts_repeatedly(make_store: StoreMaker) -> None:
+    """Time runs out after 0.05 s, 0.1 s, ... 0.5 s: before the run is registered, in a model request, in a tool."""
     store = await make_store()
+    reached = 0
     for iteration in range(20):
         in_tool = iteration % 2 == 0
-        timeout = 0.05 * (1 + iteration // 2)
         entered = asyncio.Event()
         if in_tool:
             agent = await hanging_tool_agent(store, entered)
@@ -636,9 +638,63 @@ async def test_timeouts_repeatedly(make_store: StoreMaker) -> None:
             script = Script([LOOKUP, text('never')], block_at=1)
             agent, entered = persisted(store, script), script.entered
         with pytest.raises(RunTimedOut):
-            await agent.run('go', timeout=timeout, conversation_id=f'conv-{iteration}')
-        [run] = await store.list_runs(conversation_id=f'conv-{iteration}')
-        audit = await audit_run(store, run.run_id)
+            await agent.run('go', timeout=0.05 * (1 + iteration // 2), conversation_id=f'conv-{iteration}')
+        runs = await store.list_runs(conversation_id=f'conv-{iteration}')
+        if not runs:
+            continue  # timed out before its record was written: nothing is
+        audit = await audit_run(store, runs[0].run_id)
         assert audit.terminal.error == TIMED_OUT
         if entered.is_set():
+            reached += 1
             (assert_cancelled_in_tool if in_tool else assert_cancelled_in_model_request)(audit, TIMED_OUT)
+    assert reached > 0
+
+
+# --- run_sync: the store used from several event loops in turn ---
+
+
+def test_run_sync_alternating_with_asyncio_run(backend: Backend, request: pytest.FixtureRequest) -> None:
+    """Turns of a chat with `run_sync`, each read back and continued with `asyncio.run`.
+
+    `run_sync` drives the thread's event loop; every `asyncio.run` makes a new one; the backend's
+    session lives on a third (a blocking portal's). The store is used from each in turn.
+    """
+    if backend.name in LOOP_BOUND:
+        request.applymarker(pytest.mark.xfail(strict=True, raises=RuntimeError, reason=LOOP_BOUND[backend.name]))
+    for fixture in SERVER_FIXTURES.get(backend.name, ()):
+        request.getfixturevalue(fixture)  # set up here, not from the portal's thread
+    request.getfixturevalue('tmp_path')
+    with start_blocking_portal() as portal, portal.wrap_async_context_manager(backend.open(request)) as session:
+        store = portal.call(session.make)
+        agent = persisted(store, model(LOOKUP, text('done')))
+        history: list[ModelMessage] | None = None
+        for turn in range(3):
+            result = agent.run_sync(f'turn {turn}', message_history=history, conversation_id='conv')
+            runs = asyncio.run(store.list_runs(conversation_id='conv'))
+            assert len(runs) == turn + 1
+            audit = asyncio.run(audit_run(store, runs[-1].run_id))
+            assert audit.terminal.kind == 'run_completed' and audit.latest is not None
+            assert dump(audit.latest.messages) == dump(result.all_messages())
+            history = asyncio.run(continue_run(store, run_id=runs[-1].run_id))
+        asyncio.run(store.aclose())
+
+
+SERVER_FIXTURES = {'postgres': ('postgres_server',), 'mongo': ('mongo_server',), 'motor': ('mongo_server',)}
+LOOP_BOUND = {
+    'postgres': (
+        'PostgresStepStore keeps asyncpg connections bound to the loop of their first use: the first run_sync works, '
+        'then asyncio.run(store.list_runs()) raises "RuntimeError: Task <... SqlStepStore.list_runs() ...> got Future '
+        '<... BaseProtocol._on_waiter_completed()> attached to a different loop" (asyncpg/protocol/protocol.pyx:341)'
+    ),
+    'mongo': (
+        'the pymongo AsyncMongoClient is bound to one loop: after the first run_sync, asyncio.run(store.list_runs()) '
+        'raises "RuntimeError: Cannot use AsyncMongoClient in different event loop. AsyncMongoClient uses low-level '
+        'asyncio APIs that bind it to the event loop it was created on."'
+    ),
+    'motor': (
+        'the motor client is bound to one loop: after the first run_sync, asyncio.run(store.list_runs()) raises '
+        '"RuntimeError: Task <... MongoStepStore.list_runs() ...> got Future <Future pending> attached to a '
+        'different loop"'
+    ),
+}
+"""Backends whose store cannot be used from another event loop than its first one (stores/ code, not the capability)."""

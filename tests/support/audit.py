@@ -194,6 +194,8 @@ async def _check_snapshots(audit: Audit, store: StepStore) -> None:
     if steps != sorted(steps):
         problems.append(f'snapshot step indexes go backwards: {steps}')
     for snapshot in snapshots:
+        if not snapshot.messages:
+            problems.append(f'snapshot {snapshot.seq} holds no messages')
         if (snapshot.state == 'complete') != is_provider_valid(snapshot.messages):
             problems.append(f'snapshot {snapshot.seq} is {snapshot.state} but provider-valid is the opposite')
     if not snapshots:
