@@ -20,6 +20,7 @@ from step_persistence.cli._common import (
     Group,
     JsonOption,
     StoreOption,
+    escape,
     fail,
     out,
     print_json,
@@ -133,9 +134,10 @@ def _apply(url: str, schema: str | None, json_output: bool, action: Action | Non
     if json_output:
         print_json({'revision': revision, 'head': head})
     elif revision is None:
-        out().print(f'no revision (empty database); the newest is {head}')
+        out().print(f'no revision (empty database); the newest is {escape(str(head))}', highlight=False)
     else:
-        out().print(f'at revision {revision}' + (' (head)' if revision == head else f'; the newest is {head}'))
+        newest = ' (head)' if revision == head else f'; the newest is {escape(str(head))}'
+        out().print(f'at revision {escape(revision)}{newest}', highlight=False)  # a revision is read from the database
 
 
 @app.command(cls=Command)

@@ -81,6 +81,9 @@ def list_runs(
     if json_output:
         print_json(summaries)
         return
+    if not summaries:
+        out().print('No run matches.' if status or agent or since or parent or conversation else 'No runs.')
+        return
     from step_persistence.cli.render import fitted, print_fitted
 
     print_fitted(out(), fitted(out(), summaries))  # type: ignore[arg-type]

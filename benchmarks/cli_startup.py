@@ -1,0 +1,138 @@
+"""How long the `step-persistence` command takes to start, next to `python -c 'import sqlalchemy'` (issue 18, item 5).
+
+Each command runs as a whole process (the installed console script), paired with the reference
+process: reference, command, reference, command, ... so that both see the same machine load, and
+each pair gives one ratio. Prints, per command, the min and median wall time of both and the
+ratio of the medians, of the mins, and the median of the per-pair ratios, as a Markdown table.
+
+The stores are made once, before measuring: a SQLite file and a file-store directory with 10
+runs each (a run start, a tool call, an unresolved call in one run in three, a snapshot).
+
+Run from the repository's main environment (not benchmarks/pyproject.toml's):
+
+    python3 -m uv run --locked python benchmarks/cli_startup.py [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REFERENCE = [sys.executable, '-c', 'import sqlalchemy']
+SCRIPT = Path(sys.executable).with_name('step-persistence')
+WITHOUT_PYDANTIC_AI = (
+    'import typer, typer.core, rich.console, rich.table, pydantic, anyio, aiosqlite, sqlalchemy.ext.asyncio, '
+    'sqlalchemy.dialects.sqlite, sqlalchemy.dialects.postgresql, alembic.command'
+)
+"""Every library `runs list` imports on a SQLite store (`python -X importtime`), except pydantic-ai."""
+TARGETS = {'--help': 1.5, 'runs list': 1.5, 'report': 2.0}
+"""Issue 18's targets: at most this many times the reference."""
+
+
+async def populate(url: str, runs: int = 10) -> None:
+    from pydantic_ai.messages import ModelRequest, UserPromptPart
+
+    from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, from_spec
+
+    async with from_spec(url) as store:
+        for number in range(runs):
+            run_id = f'agent.-run-{number:02d}'
+            await store.register_run(RunRecord(run_id=run_id, agent_name='agent'))
+            await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
+            call = ToolEffectRecord(run_id=run_id, tool_call_id='call-1', tool_name='search', status='started')
+            await store.record_tool_effect(call)
+            await store.append_event(
+                StepEvent(
+                    run_id=run_id, kind='tool_call_started', step_index=1, tool_call_id='call-1', tool_name='search'
+                )
+            )
+            if number % 3:
+                await store.record_tool_effect(call.model_copy(update={'status': 'completed'}))
+                await store.append_event(StepEvent(run_id=run_id, kind='run_completed', step_index=2))
+            messages = [ModelRequest(parts=[UserPromptPart(f'question {number}')])]
+            await store.save_snapshot(ContinuableSnapshot(run_id=run_id, step_index=1, messages=messages))
+
+
+def wall(command: list[str]) -> float:
+    started = time.perf_counter()
+    completed = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+    elapsed = time.perf_counter() - started
+    if completed.returncode != 0:
+        raise SystemExit(f'{" ".join(command)} failed ({completed.returncode}): {completed.stderr}')
+    return elapsed
+
+
+def measure(command: list[str], rounds: int) -> dict[str, float]:
+    wall(REFERENCE)  # warm the file cache for both before counting anything
+    wall(command)
+    references, commands, ratios = [], [], []
+    for _ in range(rounds):
+        reference, measured = wall(REFERENCE), wall(command)
+        references.append(reference)
+        commands.append(measured)
+        ratios.append(measured / reference)
+    return {
+        'reference_min': min(references),
+        'reference_median': statistics.median(references),
+        'min': min(commands),
+        'median': statistics.median(commands),
+        'ratio_of_medians': statistics.median(commands) / statistics.median(references),
+        'ratio_of_mins': min(commands) / min(references),
+        'median_ratio': statistics.median(ratios),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument('--rounds', type=int, default=9, help='pairs per command (default 9)')
+    parser.add_argument('--only', nargs='*', default=[], help='measure only the rows whose name contains one of these')
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as scratch:
+        sqlite_url = f'sqlite:///{Path(scratch, "runs.db")}'
+        file_url = f'file://{Path(scratch, "runs")}'
+        asyncio.run(populate(sqlite_url))
+        asyncio.run(populate(file_url))
+        commands = {
+            '--help': [str(SCRIPT), '--help'],
+            'runs --help': [str(SCRIPT), 'runs', '--help'],
+            'runs list': [str(SCRIPT), 'runs', 'list', '--store', sqlite_url],
+            'runs list (file store)': [str(SCRIPT), 'runs', 'list', '--store', file_url],
+            'report': [str(SCRIPT), 'report', '--store', sqlite_url],
+            'db current': [str(SCRIPT), 'db', 'current', '--store', sqlite_url],
+            # What the commands on a SQL store import that is not this package's: the records' pydantic-ai
+            # (step_persistence.records imports pydantic_ai.messages, so all of pydantic_ai), and the rest.
+            "python -c 'import pydantic_ai.messages'": [sys.executable, '-c', 'import pydantic_ai.messages'],
+            "python -c 'import step_persistence.records'": [sys.executable, '-c', 'import step_persistence.records'],
+            'imports of `runs list` on SQLite but pydantic-ai': [sys.executable, '-c', WITHOUT_PYDANTIC_AI],
+            'the same without Alembic': [sys.executable, '-c', WITHOUT_PYDANTIC_AI.replace(', alembic.command', '')],
+        }
+        if args.only:
+            commands = {name: command for name, command in commands.items() if any(part in name for part in args.only)}
+        print(
+            f"Each row: {args.rounds} pairs (`python -c 'import sqlalchemy'`, then the command), "
+            'whole processes, wall seconds.\n'
+        )
+        print('| command | reference min / median | command min / median | median ratio | ratio of mins | target |')
+        print('|---|---|---|---|---|---|')
+        for name, command in commands.items():
+            figures = measure(command, args.rounds)
+            target = TARGETS.get(name)
+            verdict = (
+                '' if target is None else f'{target}x: ' + ('met' if figures['median_ratio'] <= target else 'not met')
+            )
+            print(
+                f'| `{name}` | {figures["reference_min"]:.2f} / {figures["reference_median"]:.2f} s '
+                f'| {figures["min"]:.2f} / {figures["median"]:.2f} s | {figures["median_ratio"]:.2f} '
+                f'| {figures["ratio_of_mins"]:.2f} | {verdict} |',
+                flush=True,
+            )
+
+
+if __name__ == '__main__':
+    main()
