@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -117,3 +118,55 @@ def test_the_import_graph_has_no_cycles() -> None:
 def test_the_graph_sees_imports_inside_functions() -> None:
     """The check above would pass vacuously if it missed lazy imports: a known one must be in the graph."""
     assert f'{PACKAGE}.stores.memory' in GRAPH[f'{PACKAGE}.spec']
+
+
+ARCHITECTURE = ROOT.parents[1] / 'docs' / 'architecture.md'
+MAP_ROW = re.compile(r'^\| `(?P<path>[^`]+\.py)` \| (?P<layer>\d) \|', re.MULTILINE)
+BACKENDS = {
+    f'{PACKAGE}.stores.sql': 'sql',
+    f'{PACKAGE}.migrations': 'sql',
+    f'{PACKAGE}.stores.mongo': 'mongo',
+    f'{PACKAGE}.stores.file': 'file',
+    f'{PACKAGE}.stores.memory': 'memory',
+}
+
+
+def _documented_layers() -> dict[str, int]:
+    layers: dict[str, int] = {}
+    for row in MAP_ROW.finditer(ARCHITECTURE.read_text()):
+        layers[_module_name(ROOT / row['path'])] = int(row['layer'])
+    return layers
+
+
+LAYERS = _documented_layers()
+
+
+def _backend(name: str) -> str | None:
+    return next(
+        (backend for prefix, backend in BACKENDS.items() if name == prefix or name.startswith(f'{prefix}.')), None
+    )
+
+
+def test_the_module_map_lists_every_module_and_nothing_else() -> None:
+    assert sorted(set(MODULES) - set(LAYERS)) == [], 'modules missing from docs/architecture.md'
+    assert sorted(set(LAYERS) - set(MODULES)) == [], 'docs/architecture.md lists modules that do not exist'
+
+
+def test_every_import_points_to_the_same_layer_or_below() -> None:
+    upward = sorted(
+        (name, LAYERS[name], target, LAYERS[target])
+        for name, targets in GRAPH.items()
+        for target in targets
+        if name in LAYERS and target in LAYERS and LAYERS[target] > LAYERS[name]
+    )
+    assert upward == []
+
+
+def test_no_backend_imports_another() -> None:
+    crossing = sorted(
+        (name, target)
+        for name, targets in GRAPH.items()
+        for target in targets
+        if _backend(name) is not None and _backend(target) not in (None, _backend(name))
+    )
+    assert crossing == []
