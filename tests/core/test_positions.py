@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
-from step_persistence.stores._positions import NumberedRow, RunHead, changed_positions, plan_saves
+import logging
+
+import pytest
+
+from step_persistence.stores._positions import NumberedRow, RunHead, changed_positions, plan_saves, plausible_position
 
 
 def test_changed_positions_are_the_differing_and_the_new_ones() -> None:
@@ -53,3 +57,17 @@ def test_a_copy_advances_independently() -> None:
     copy.apply([(2, 1, 'b')])
     assert (head.last_no, head.latest) == (1, ['a'])
     assert (copy.incarnation, copy.last_no, copy.latest) == ('x', 2, ['a', 'b'])
+
+
+def test_a_row_claiming_a_position_it_cannot_hold_is_skipped_and_logged(caplog: pytest.LogCaptureFixture) -> None:
+    head = RunHead(incarnation=1)
+    with caplog.at_level(logging.WARNING, logger='step_persistence'):
+        head.apply([(1, 0, 'a'), (2, 1_000_000_000, 'huge'), (3, 1, 'b')])
+    assert (head.last_no, head.latest) == (3, ['a', 'b'])
+    assert 'claims history position 1000000000' in caplog.text
+    assert [plausible_position(no, position) for no, position in [(1, 0), (1, 1), (5, 4), (5, -1)]] == [
+        True,
+        False,
+        True,
+        False,
+    ]

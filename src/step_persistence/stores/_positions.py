@@ -31,10 +31,22 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 
-__all__ = ['MessageRow', 'NumberedRow', 'RunHead', 'SavePlan', 'changed_positions', 'plan_saves']
+from step_persistence._reading import logger
+
+__all__ = ['MessageRow', 'NumberedRow', 'RunHead', 'SavePlan', 'changed_positions', 'plan_saves', 'plausible_position']
 
 MessageRow = tuple[int, int | None, str | None]
 """`(no, position, digest)` of one stored message row; `None` for a field a damaged row lacks."""
+
+
+def plausible_position(no: int, position: int) -> bool:
+    """Whether a stored row numbered `no` can hold history position `position`.
+
+    A history reaches position `p` only after positions `0..p-1` were stored, each in a row of its
+    own with a lower number, so row `no` holds a position below `no`. A row claiming more is
+    damaged: trusting it would make a reader allocate a list as long as the claimed position.
+    """
+    return 0 <= position < no
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +77,8 @@ class RunHead:
         (a number missing below it belongs to a row that was deleted). Without it, the known
         sequence ends at the first missing number (a row that a concurrent reader did not see
         yet): what follows is learnt again later. A damaged row still takes its number; without a
-        position it changes nothing, without a digest its position will be written again.
+        position (or with one it cannot hold, see `plausible_position`: logged) it changes nothing,
+        without a digest its position will be written again.
         """
         for no, position, digest in rows:
             if no <= self.last_no:
@@ -74,6 +87,9 @@ class RunHead:
                 return
             self.last_no = no
             if position is None:
+                continue
+            if not plausible_position(no, position):
+                logger.warning('skipping damaged message row %d: it claims history position %d', no, position)
                 continue
             if position >= len(self.latest):
                 self.latest.extend([None] * (position + 1 - len(self.latest)))
