@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from step_persistence import lifecycle
+from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence.protocol import write_each
@@ -68,12 +69,15 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         self._runs[record.run_id] = _RunData(record=record, registration=next(self._registrations))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
+        require_text('run_id', run_id)
         data = self._runs.get(run_id)
         return None if data is None else data.record
 
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
+        require_text('parent_run_id', parent_run_id, optional=True)
+        require_text('conversation_id', conversation_id, optional=True)
         matching = [
             data
             for data in self._runs.values()
@@ -92,6 +96,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         data.events.append(event)
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
+        require_text('run_id', run_id)
         data = self._runs.get(run_id)
         return [] if data is None else list(data.events)
 
@@ -113,6 +118,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
                 del data.snapshots[seq]
 
     def _matching(self, run_id: str, include_interrupted: bool) -> list[_StoredSnapshot]:
+        require_text('run_id', run_id)
         data = self._runs.get(run_id)
         if data is None:
             return []
@@ -139,10 +145,13 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         data.effects[record.tool_call_id] = merge_tool_effect(data.effects.get(record.tool_call_id), record)
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        require_text('run_id', run_id)
+        require_text('tool_call_id', tool_call_id)
         data = self._runs.get(run_id)
         return None if data is None else data.effects.get(tool_call_id)
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        require_text('run_id', run_id)
         data = self._runs.get(run_id)
         if data is None:
             return []
@@ -150,6 +159,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return sorted(unresolved, key=lambda record: record.started_at)
 
     async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        require_text('run_id', run_id)
         data = self._runs.get(run_id)
         if data is None:
             return []
@@ -159,6 +169,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         await write_each(self, writes)
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
+        require_text('run_id', run_id)
         if cascade:
             await lifecycle.delete_delegated_runs(self, run_id)
         self._runs.pop(run_id, None)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from step_persistence._arguments import require_text
 from step_persistence.run_ids import validate_path_safe_run_id
 
 __all__ = [
@@ -97,5 +98,7 @@ def is_run_directory_name(name: str) -> bool:
 
 
 def run_paths(root: Path, run_id: str) -> RunPaths:
-    """The paths of run `run_id` under `root`; raises `ValueError` for a run id that is not path-safe."""
+    """The paths of run `run_id` under `root`; raises `TypeError` for a run id that is not a string and
+    `ValueError` for one that is not path-safe."""
+    require_text('run_id', run_id)
     return RunPaths(root / validate_path_safe_run_id(run_id))

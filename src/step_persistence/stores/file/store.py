@@ -17,6 +17,7 @@ from typing import Any
 import anyio.from_thread
 
 from step_persistence import lifecycle
+from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
 from step_persistence._history import EncodedMessage, decode_messages
 from step_persistence._reading import read_each, read_or_skip
@@ -203,6 +204,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
         """Matching runs, oldest first; a run whose `run.json` is unreadable is skipped and logged."""
+        require_text('parent_run_id', parent_run_id, optional=True)
+        require_text('conversation_id', conversation_id, optional=True)
         loaded = await self._runs.in_thread(self._read_all_runs)
         matching = [
             (record, registered_ns)
@@ -258,6 +261,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         """The run's events in append order; unreadable lines are skipped and logged."""
+        run_paths(self.directory, run_id)
         return await self._runs.in_turn(run_id, partial(self._list_events, run_id))
 
     def _list_events(self, run_id: str) -> list[StepEvent]:
@@ -303,6 +307,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     async def _snapshots(
         self, run_id: str, *, include_interrupted: bool, newest_only: bool
     ) -> list[ContinuableSnapshot]:
+        run_paths(self.directory, run_id)
         read = partial(self._matching_snapshots, include_interrupted=include_interrupted, newest_only=newest_only)
         none: list[ContinuableSnapshot] = []
         return await self._runs.read_in_turn(run_id, read, absent=none)
@@ -377,6 +382,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             self._save_snapshot(index, snapshot)
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        run_paths(self.directory, run_id)
+        require_text('tool_call_id', tool_call_id)
         records = await self._tool_effects(run_id)
         return records.get(tool_call_id)
 
@@ -391,6 +398,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
 
     async def _tool_effects(self, run_id: str) -> dict[str, ToolEffectRecord]:
         """A copy of the run's ledger, by tool call id (empty for an unknown run)."""
+        run_paths(self.directory, run_id)
         return await self._runs.read_in_turn(run_id, self._ledger, absent={})
 
     def _ledger(self, index: RunIndex) -> dict[str, ToolEffectRecord]:
