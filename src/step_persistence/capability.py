@@ -211,6 +211,7 @@ def _cut_short(response: ModelResponse) -> str | None:
 
 _FINAL_RESULT_PROCESSED = 'Final result processed.'
 _OUTPUT_NOT_USED = 'Output tool not used - a final result was already processed.'
+_OUTPUT_NOT_FINAL = 'Output tool processed, but its value will not be the final result of the agent run.'
 _TOOL_NOT_EXECUTED = 'Tool not executed - a final result was already processed.'
 """The returns pydantic-ai gives the calls of a final response (`pydantic_ai._tool_execution`); the
 tests pin them against what `run_stream` puts in its result's history."""
@@ -489,9 +490,9 @@ class StepPersistence(AbstractCapability[Any]):
 
         `run_stream` ends a run whose output came from an output tool without adding that request to the
         run's history: it adds it to the stream result's copy only (`StreamedRunResult.all_messages()`).
-        `run` adds it to the history. The request is rebuilt here as `run_stream` builds it, from the
-        final result, the calls this step executed and the output tools offered, so that the final
-        snapshot is the same continuable history under both.
+        `run` adds it to the history. The request is rebuilt here as `run_stream` builds it (the order
+        and words of pydantic-ai's `end_strategy`), from the final result, the calls this step executed
+        and the output tools offered, so that the final snapshot is the same history under both.
         """
         run = self._run
         final = run.final_result
@@ -501,18 +502,25 @@ class StepPersistence(AbstractCapability[Any]):
         unanswered = set(unanswered_tool_call_ids(messages))
         if not isinstance(last, ModelResponse) or final.tool_call_id not in unanswered:
             return messages
+        strategy = getattr(ctx.agent, 'end_strategy', 'graceful')
+        open_calls = [call for call in last.tool_calls if call.tool_call_id in unanswered]
+
+        def is_output(call: ToolCallPart) -> bool:
+            return call.tool_call_id == final.tool_call_id or call.tool_name in run.output_tool_names
+
+        if strategy == 'early':  # output calls run first, then the function calls are skipped
+            open_calls = [call for call in open_calls if is_output(call)] + [c for c in open_calls if not is_output(c)]
         parts: list[ModelRequestPart] = []
-        for call in last.tool_calls:
-            if call.tool_call_id not in unanswered:
-                continue
+        for call in open_calls:
             if call.tool_call_id == final.tool_call_id:
                 parts.append(ToolReturnPart(call.tool_name, _FINAL_RESULT_PROCESSED, call.tool_call_id))
             elif call.tool_call_id in run.results:
                 parts.append(_return_part(call, run.results[call.tool_call_id]))
             elif call.tool_call_id in run.ran:
                 continue  # it ran without a result (it raised, or was deferred): it stays unanswered
-            elif call.tool_name in run.output_tool_names:
-                parts.append(ToolReturnPart(call.tool_name, _OUTPUT_NOT_USED, call.tool_call_id))
+            elif is_output(call):
+                skipped = _OUTPUT_NOT_FINAL if strategy == 'exhaustive' else _OUTPUT_NOT_USED
+                parts.append(ToolReturnPart(call.tool_name, skipped, call.tool_call_id))
             else:
                 parts.append(ToolReturnPart(call.tool_name, _TOOL_NOT_EXECUTED, call.tool_call_id))
         request = ModelRequest(parts=parts, run_id=run.source_run_id, conversation_id=run.conversation_id)
