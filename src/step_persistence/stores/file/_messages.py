@@ -9,11 +9,18 @@ in constant space (see `HistoryRef`).
 
 `digest` is the SHA-256 of the message's own JSON. `message` is that JSON, or, when
 `externalized` is true, the JSON with its large payloads replaced by media markers (the payloads
-are in the store's media store; see `step_persistence.stores._media`).
+are in the store's media store; see `step_persistence.stores._media`); such a line also carries
+`"stored_digest"`, the SHA-256 of its `message` bytes as written (markers included).
+
+Reading a message re-hashes its bytes as written (`message` is the line's last field, so they are
+found without re-encoding anything) against `digest` (inline) or `stored_digest` (externalized;
+each payload is then checked against its content address by the media store): a message altered
+on disk, even by one character of the same width, is refused with `ValueError`, never returned.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 from step_persistence.stores._media import PackedMessage
@@ -26,13 +33,26 @@ __all__ = ['load_message_row', 'message_line', 'stored_message']
 def message_line(row: NumberedRow, message: PackedMessage) -> bytes:
     """The `messages.jsonl` line storing `message` (whose digest is `row.digest`) as number `row.no`, at
     history position `row.position`."""
-    return b'{"no":%d,"pos":%d,"digest":"%s","externalized":%s,"message":%s}' % (
+    if not message.externalized:
+        return b'{"no":%d,"pos":%d,"digest":"%s","externalized":false,%s%s}' % (
+            row.no,
+            row.position,
+            row.digest.encode('ascii'),
+            _MESSAGE_FIELD,
+            message.data,
+        )
+    return b'{"no":%d,"pos":%d,"digest":"%s","externalized":true,"stored_digest":"%s",%s%s}' % (
         row.no,
         row.position,
         row.digest.encode('ascii'),
-        b'true' if message.externalized else b'false',
+        hashlib.sha256(message.data).hexdigest().encode('ascii'),
+        _MESSAGE_FIELD,
         message.data,
     )
+
+
+_MESSAGE_FIELD = b'"message":'
+"""The last field of a line; no field before it can hold these bytes (numbers, a hex digest, a boolean)."""
 
 
 def load_message_row(line: bytes) -> NumberedRow:
@@ -46,12 +66,21 @@ def load_message_row(line: bytes) -> NumberedRow:
     return NumberedRow(no=number, position=position, digest=digest)
 
 
-def stored_message(number: int, line: bytes) -> tuple[Any, bool]:
-    """The stored JSON tree of message `number` from its `messages.jsonl` line, and its `externalized` flag."""
+def stored_message(number: int, digest: str, line: bytes) -> tuple[Any, bool]:
+    """The stored JSON tree of message `number` (of digest `digest`) from its `messages.jsonl` line, and
+    its `externalized` flag; `ValueError` if the line is malformed or its message bytes do not match."""
     value = json_object(line, 'messages.jsonl line')
     if value.get('no') != number:
         raise ValueError(f'expected message number {number}, found {value.get("no")!r}')
     externalized = value.get('externalized')
     if not isinstance(externalized, bool):
         raise ValueError(f'message {number} has no externalized flag')
+    expected = value.get('stored_digest') if externalized else digest
+    start = line.find(_MESSAGE_FIELD)
+    written = line[start + len(_MESSAGE_FIELD) : -1] if start > 0 and line.endswith(b'}') else b''
+    if not isinstance(expected, str) or hashlib.sha256(written).hexdigest() != expected:
+        raise ValueError(
+            f'message {number} does not match its digest (a damaged or edited messages.jsonl line); '
+            'the snapshots that use it are unreadable'
+        )
     return value['message'], externalized

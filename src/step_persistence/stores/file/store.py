@@ -58,6 +58,7 @@ from step_persistence.stores.file._layout import (
     run_paths,
 )
 from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
+from step_persistence.stores.file._message_journal import MessageVersion
 from step_persistence.stores.file._messages import stored_message
 from step_persistence.stores.file._sessions import RunSessions
 
@@ -153,9 +154,10 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         """
         return anyio.from_thread.run(self._media.pack_message, message)
 
-    def _unpack(self, number: int, line: bytes) -> Any:
-        """From a worker thread: the JSON tree of message `number` from its line, payloads put back."""
-        tree, externalized = stored_message(number, line)
+    def _unpack(self, version: MessageVersion, line: bytes) -> Any:
+        """From a worker thread: the JSON tree of a stored message version from its line, checked
+        against its digest, payloads put back."""
+        tree, externalized = stored_message(version.number, version.digest, line)
         if not externalized:
             return tree
         return anyio.from_thread.run(partial(self._media.unpack, tree, externalized=True))
@@ -337,7 +339,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             raise ValueError(f'the file of snapshot {seq} holds snapshot {header.seq}')
         versions = index.messages.resolve(history)
         lines = self._io.read_spans(index.paths.messages, [version.span for version in versions])
-        trees = [self._unpack(version.number, line) for version, line in zip(versions, lines, strict=True)]
+        trees = [self._unpack(version, line) for version, line in zip(versions, lines, strict=True)]
         return header.model_copy(update={'messages': decode_messages(trees)})
 
     # --- tool effects ---
