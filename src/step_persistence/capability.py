@@ -178,7 +178,10 @@ def _failure_summary(error: BaseException) -> str:
     if isinstance(error, RunCancelled):
         return 'cancelled before returning a result: the run was cancelled; its side effect may be partial'
     if isinstance(error, asyncio.CancelledError):
-        return 'cancelled before returning a result (e.g. a sibling tool call failed); its side effect may be partial'
+        return (
+            'cancelled before returning a result (the run was cancelled, or a sibling call failed); '
+            'its side effect may be partial'
+        )
     return f'failed: {error!r}'
 
 
