@@ -48,6 +48,12 @@ def _own_tables_only(name: str | None, type_: str, parent_names: object) -> bool
     return type_ != 'table' or name in TABLE_NAMES
 
 
+def _configures_logging(config: Config) -> bool:
+    """Whether the ini file has the sections `logging.config.fileConfig` needs (a minimal one has only
+    `[alembic]`)."""
+    return all(config.file_config.has_section(name) for name in ('loggers', 'handlers', 'formatters'))
+
+
 def _url(config: Config) -> str:
     url = (
         context.get_x_argument(as_dictionary=True).get('url')
@@ -133,7 +139,7 @@ def run_environment() -> None:
     config = context.config
     connection = config.attributes.get('connection')
     schema = _schema(config)
-    if connection is None and config.config_file_name is not None:
+    if connection is None and config.config_file_name is not None and _configures_logging(config):
         fileConfig(config.config_file_name, disable_existing_loggers=False)
     if context.is_offline_mode():
         _run_offline(config, schema)
