@@ -3,6 +3,7 @@ one damaged line or record never hides the healthy ones, and nothing is written 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -106,3 +107,45 @@ async def test_untouched_messages_still_read_back_and_new_saves_work(store: File
     assert [dump(item) for item in await reader.list_snapshots(run_id='run')] == [
         dump(snapshot(step)) for step in (1, 2, 3)
     ]
+
+
+# --- item 6: a stored position is bounded by what the run can hold ---
+
+
+def planted_message_line(no: int, pos: int) -> bytes:
+    body = b'{"parts":[],"kind":"request"}'
+    return b'{"no":%d,"pos":%d,"digest":"%s","externalized":false,"message":%s}\n' % (
+        no,
+        pos,
+        hashlib.sha256(body).hexdigest().encode(),
+        body,
+    )
+
+
+@pytest.mark.parametrize(
+    ('no', 'pos'),
+    [
+        pytest.param(6, 30_000_000, id='position-beyond-its-number'),
+        pytest.param(30_000_001, 30_000_000, id='number-and-position-both-huge'),
+        pytest.param(2, 1, id='number-below-an-earlier-line'),
+    ],
+)
+async def test_a_message_line_claiming_an_impossible_position_is_skipped(
+    store: FileStepStore, tmp_path: Path, caplog: pytest.LogCaptureFixture, no: int, pos: int
+) -> None:
+    """Trusting the line would make every read allocate a list as long as the claimed position."""
+    await store.save_snapshot(snapshot(1))
+    await store.save_snapshot(snapshot(2))
+    with (tmp_path / 'run' / 'messages.jsonl').open('ab') as file:
+        file.write(planted_message_line(no, pos))
+    for reader in (FileStepStore(tmp_path), store):
+        caplog.clear()
+        assert [dump(item) for item in await reader.list_snapshots(run_id='run')] == [
+            dump(snapshot(1)),
+            dump(snapshot(2)),
+        ]
+        assert 'skipping unreadable line' in caplog.text and 'messages.jsonl' in caplog.text
+        assert f'position {pos}' in caplog.text or f'number {no}' in caplog.text
+    await store.save_snapshot(snapshot(3))
+    latest = await FileStepStore(tmp_path).latest_snapshot(run_id='run')
+    assert latest is not None and dump(latest) == dump(snapshot(3))

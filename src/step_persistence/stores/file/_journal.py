@@ -54,6 +54,8 @@ class Journal(ABC, Generic[EntryT]):
         """How many bytes of the file have been read and applied."""
         self.torn = False
         """Whether the file currently ends in the middle of a line."""
+        self.size = 0
+        """The file's size when it was last caught up with (what `parse` may check a line against)."""
         self.clear()
 
     @abstractmethod
@@ -84,6 +86,7 @@ class Journal(ABC, Generic[EntryT]):
             size, data = io.read_from(self.path, 0)
         elif anchored:
             data = data[1:]
+        self.size = size
         for span, line in read_lines(self.path, data, base=self.offset):
             entry = read_or_skip(f'line at byte {span[0]} of {self.path}', partial(self.parse, line))
             if entry is not None:

@@ -18,7 +18,7 @@ from operator import attrgetter
 
 from step_persistence._history import EncodedMessage
 from step_persistence.stores._media import PackedMessage
-from step_persistence.stores._positions import NumberedRow, RunHead, plan_saves
+from step_persistence.stores._positions import NumberedRow, RunHead, plan_saves, plausible_position
 from step_persistence.stores.file._codec import HistoryRef
 from step_persistence.stores.file._io import FileIo, Span
 from step_persistence.stores.file._journal import Journal
@@ -26,6 +26,8 @@ from step_persistence.stores.file._messages import load_message_row, message_lin
 
 __all__ = ['MessageJournal', 'MessageVersion', 'history_checksum']
 
+_SHORTEST_LINE = 100
+"""Fewer bytes than any line of `messages.jsonl` takes (its digest alone is 64)."""
 _MODULUS = 1 << 256
 _DIGEST = attrgetter('digest')
 
@@ -69,7 +71,20 @@ class MessageJournal(Journal[NumberedRow]):
         self.next_number = 1
 
     def parse(self, line: bytes) -> NumberedRow:
-        return load_message_row(line)
+        """The row of a line read from the file; `ValueError` (the line is skipped) for one the run cannot hold.
+
+        Lines are numbered in increasing order, and a line numbered `n` holds a position below `n`
+        (`plausible_position`). Numbers are not bounded by the file (collection drops lines and
+        keeps the numbers), but every position below the largest one keeps a line of its own, so
+        a position is also below the number of lines the file has room for. Trusting a line that
+        claims more would make every read allocate lists as long as the claimed position.
+        """
+        row = load_message_row(line)
+        if row.no < self.next_number:
+            raise ValueError(f'message number {row.no} follows message {self.next_number - 1}: numbers only increase')
+        if not plausible_position(row.no, row.position) or row.position >= self.size // _SHORTEST_LINE:
+            raise ValueError(f'message {row.no} claims history position {row.position}, more than the run can hold')
+        return row
 
     def apply(self, entry: NumberedRow, span: Span) -> None:
         position = entry.position
