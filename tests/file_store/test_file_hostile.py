@@ -3,12 +3,13 @@ one damaged line or record never hides the healthy ones, and nothing is written 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
+import shutil
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -91,7 +92,7 @@ async def test_a_message_altered_on_disk_makes_its_snapshots_unreadable(
 async def test_a_message_every_snapshot_uses_altered_leaves_no_snapshot(store: FileStepStore, tmp_path: Path) -> None:
     await store.save_snapshot(snapshot(1))
     await store.save_snapshot(snapshot(2))
-    rewrite_message_line(tmp_path, 1, 'start run'.encode(), b'start rum')
+    rewrite_message_line(tmp_path, 1, b'start run', b'start rum')
     reader = FileStepStore(tmp_path)
     assert await reader.latest_snapshot(run_id='run', include_interrupted=True) is None
     assert await reader.list_snapshots(run_id='run') == []
@@ -149,3 +150,164 @@ async def test_a_message_line_claiming_an_impossible_position_is_skipped(
     await store.save_snapshot(snapshot(3))
     latest = await FileStepStore(tmp_path).latest_snapshot(run_id='run')
     assert latest is not None and dump(latest) == dump(snapshot(3))
+
+
+# --- item 9: directory names and symbolic links are not trusted ---
+
+
+def tree_of(path: Path) -> dict[str, bytes | None]:
+    """Every file and directory under `path`, with the bytes of each file."""
+    return {
+        os.fspath(item.relative_to(path)): None if item.is_dir() else item.read_bytes()
+        for item in sorted(path.rglob('*'))
+    }
+
+
+async def test_a_run_directory_copied_under_another_name_is_not_a_second_run(
+    store: FileStepStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store.append_event(event(0))
+    await store.save_snapshot(snapshot(1))
+    shutil.copytree(tmp_path / 'run', tmp_path / 'copy')
+    before = tree_of(tmp_path / 'copy')
+    for reader in (FileStepStore(tmp_path), store):
+        caplog.clear()
+        assert [record.run_id for record in await reader.list_runs()] == ['run']
+        assert 'copy' in caplog.text and "holds run 'run'" in caplog.text
+        with pytest.raises(ValueError, match="holds run 'run'"):
+            await reader.get_run(run_id='copy')
+        for call in (
+            reader.list_events(run_id='copy'),
+            reader.latest_snapshot(run_id='copy'),
+            reader.list_tool_effects(run_id='copy'),
+            reader.append_event(event(1, run_id='copy')),
+            reader.save_snapshot(snapshot(2, run_id='copy')),
+            reader.record_tool_effect(effect('t', run_id='copy')),
+            reader.delete_run(run_id='copy'),
+        ):
+            with pytest.raises(ValueError, match="holds run 'run'"):
+                await call
+    assert tree_of(tmp_path / 'copy') == before
+    assert len(await store.list_events(run_id='run')) == 1
+
+
+async def test_lines_of_another_run_are_not_returned_as_this_runs(
+    store: FileStepStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    await store.register_run(RunRecord(run_id='other'))
+    await store.append_event(event(0, run_id='other'))
+    await store.record_tool_effect(effect('t-other', run_id='other'))
+    await store.save_snapshot(snapshot(1, run_id='other'))
+    await store.append_event(event(5))
+    await store.record_tool_effect(effect('t-run'))
+    await store.save_snapshot(snapshot(1))
+    for name in ('events.jsonl', 'tool_effects.jsonl'):
+        with (tmp_path / 'run' / name).open('ab') as file:
+            file.write((tmp_path / 'other' / name).read_bytes())
+    shutil.copy(tmp_path / 'other' / 'snapshots' / '1.json', tmp_path / 'run' / 'snapshots' / '1.json')
+    reader = FileStepStore(tmp_path)
+    assert [item.step_index for item in await reader.list_events(run_id='run')] == [5]
+    assert [item.tool_call_id for item in await reader.list_tool_effects(run_id='run')] == ['t-run']
+    assert await reader.get_tool_effect(run_id='run', tool_call_id='t-other') is None
+    assert await reader.latest_snapshot(run_id='run') is None
+    assert caplog.text.count("of run 'other'") >= 3
+
+
+def plant_link(link: Path, outside: Path) -> None:
+    """Replace `link` (a file or directory of the store) by a symbolic link to a copy of it in `outside`."""
+    target = outside / link.name
+    if link.is_dir():
+        shutil.copytree(link, target)
+        shutil.rmtree(link)
+    elif link.exists():
+        shutil.copy(link, target)
+        link.unlink()
+    else:
+        target.mkdir()
+    link.symlink_to(target)
+
+
+LINKABLE = [
+    'run/events.jsonl',
+    'run/tool_effects.jsonl',
+    'run/messages.jsonl',
+    'run/snapshots.jsonl',
+    'run/run.lock',
+    'run/run.json',
+    'run/snapshots',
+    'run',
+    '@media',
+    '@tmp',
+]
+
+
+async def linked_store(tmp_path: Path, name: str) -> tuple[FileStepStore, Path]:
+    """A store with one run (events, an effect, a snapshot with media) whose `name` is then a link to `outside`."""
+    root = tmp_path / 'store'
+    store = FileStepStore(root, fsync=False)
+    await store.register_run(RunRecord(run_id='run'))
+    await store.append_event(event(0))
+    await store.record_tool_effect(effect('t0'))
+    await store.save_snapshot(snapshot(1))
+    (root / '@tmp').mkdir(exist_ok=True)
+    outside = tmp_path / 'outside'
+    outside.mkdir()
+    plant_link(root / name, outside)
+    return store, outside
+
+
+@pytest.mark.parametrize('name', LINKABLE)
+async def test_writes_never_follow_a_symbolic_link_planted_in_the_store(tmp_path: Path, name: str) -> None:
+    store, outside = await linked_store(tmp_path, name)
+    before = tree_of(outside)
+    for current in (FileStepStore(store.directory, fsync=False), store):
+        for write in (
+            current.append_event(event(1)),
+            current.record_tool_effect(effect('t1')),
+            current.save_snapshot(snapshot(2, run_id='run')),
+            current.register_run(RunRecord(run_id=f'fresh-{id(current)}')),
+        ):
+            with contextlib.suppress(ValueError):
+                await write
+        assert tree_of(outside) == before, 'something was written outside the store'
+    if name == '@tmp':
+        with pytest.raises(ValueError, match='symbolic link'):
+            await store.register_run(RunRecord(run_id='fresh'))
+    with contextlib.suppress(ValueError):
+        await store.delete_run(run_id='run')
+    assert tree_of(outside) == before, 'deleting the run changed something outside the store'
+
+
+@pytest.mark.parametrize('name', [name for name in LINKABLE if name.startswith('run')])
+async def test_reads_never_return_what_a_symbolic_link_points_to(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
+) -> None:
+    """The linked copy outside gains records of its own: a read refuses the link or skips it, never returns them."""
+    store, outside = await linked_store(tmp_path, name)
+    decoy = FileStepStore(tmp_path / 'decoy', fsync=False)
+    await decoy.register_run(RunRecord(run_id='run', agent_name='decoy'))
+    await decoy.append_event(event(0))
+    await decoy.append_event(event(99))
+    await decoy.record_tool_effect(effect('t99'))
+    for step in (1, 2, 3):
+        await decoy.save_snapshot(snapshot(step))
+    target = outside / Path(name).name
+    source = decoy.directory / 'run' / Path(name).relative_to('run')
+    if target.is_dir():
+        shutil.rmtree(target)
+        shutil.copytree(source, target)
+    else:
+        shutil.copy(source, target)
+    reader = FileStepStore(store.directory, fsync=False)
+    seen: list[object] = []
+    for read in (
+        reader.get_run(run_id='run'),
+        reader.list_runs(),
+        reader.list_events(run_id='run'),
+        reader.list_snapshots(run_id='run'),
+        reader.list_tool_effects(run_id='run'),
+    ):
+        with contextlib.suppress(ValueError):
+            seen.append(await read)
+    text = repr(seen)
+    assert 'decoy' not in text and 'step_index=99' not in text and 't99' not in text and 'seq=3' not in text

@@ -28,7 +28,10 @@ class EventJournal(Journal[str | None]):
         self.keys: set[str] = set()
 
     def parse(self, line: bytes) -> str | None:
-        key = json_object(line, 'event line').get('idempotency_key')
+        value = json_object(line, 'event line')
+        if value.get('run_id') != self.run_id:
+            raise ValueError(f'event line of run {value.get("run_id")!r}, not {self.run_id!r}')
+        key = value.get('idempotency_key')
         if key is not None and not isinstance(key, str):
             raise ValueError(f'event line has a non-string idempotency_key {key!r}')
         return key
@@ -81,7 +84,10 @@ class EffectJournal(Journal[ToolEffectRecord]):
         self.records: dict[str, ToolEffectRecord] = {}
 
     def parse(self, line: bytes) -> ToolEffectRecord:
-        return ToolEffectRecord.model_validate_json(line)
+        record = ToolEffectRecord.model_validate_json(line)
+        if record.run_id != self.run_id:
+            raise ValueError(f'tool effect line of run {record.run_id!r}, not {self.run_id!r}')
+        return record
 
     def apply(self, entry: ToolEffectRecord, span: Span) -> None:
         self.records[entry.tool_call_id] = entry
@@ -94,6 +100,8 @@ class RunIndex:
         self.lock = threading.Lock()
         self.paths = paths
         self.incarnation: str | None = None
+        self.verified = False
+        """Whether `run.json` was found to name this run (checked once per incarnation, see `RunSessions`)."""
         self._start_over()
 
     def _start_over(self) -> None:
@@ -106,4 +114,5 @@ class RunIndex:
         """Start over if the run on disk is not the one this index was built from."""
         if incarnation != self.incarnation:
             self.incarnation = incarnation
+            self.verified = False
             self._start_over()

@@ -2,18 +2,51 @@
 
 Every byte the store reads or writes goes through `FileIo`, which counts it (`IoCounters`), so the
 cost of an operation can be measured in bytes rather than guessed from timings.
+
+Nothing below the store's directory is reached through a symbolic link: files are opened with
+`O_NOFOLLOW` and the directories the store writes into are checked with `lstat`
+(`real_directory`), so a link planted for a journal, a run's directory, `snapshots/`, `@media` or
+`@tmp` is refused with `UnsafePath` instead of making writes land (or reads come from) outside the
+store. The store's directory itself may be a link: that is the caller's choice.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import secrets
+import stat
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ['FileIo', 'IoCounters', 'Span']
+__all__ = ['FileIo', 'IoCounters', 'Span', 'UnsafePath', 'open_unlinked', 'real_directory']
+
+
+class UnsafePath(ValueError):
+    """A path of the store is a symbolic link (or not the directory it should be): it is never followed."""
+
+
+def open_unlinked(path: str | Path, flags: int, mode: int = 0o644) -> int:
+    """`os.open` that refuses a symbolic link as the last component of `path` (`UnsafePath`)."""
+    try:
+        return os.open(path, flags | os.O_NOFOLLOW, mode)
+    except OSError as error:
+        # Linux and macOS say ELOOP for a link opened with O_NOFOLLOW, FreeBSD EMLINK.
+        if error.errno in (errno.ELOOP, errno.EMLINK):
+            raise UnsafePath(f'{path} is a symbolic link; the file store never follows links') from None
+        raise
+
+
+def real_directory(path: str | Path) -> None:
+    """Raise `UnsafePath` unless `path` is a directory and not a symbolic link; `FileNotFoundError` if absent."""
+    mode = os.lstat(path).st_mode
+    if stat.S_ISLNK(mode):
+        raise UnsafePath(f'{path} is a symbolic link; the file store never follows links')
+    if not stat.S_ISDIR(mode):
+        raise UnsafePath(f'{path} is not a directory')
+
 
 Span = tuple[int, int]
 """`(offset, length)` of a line in a file, without its newline."""
@@ -46,7 +79,7 @@ class FileIo:
 
     def read_from(self, path: str | Path, offset: int) -> tuple[int, bytes]:
         """`(size of the file, its bytes from offset to the end)`; nothing is read when offset >= size."""
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_unlinked(path, os.O_RDONLY)
         try:
             size = os.fstat(fd).st_size
             data = self._pread(fd, size - offset, offset) if size > offset else b''
@@ -67,7 +100,7 @@ class FileIo:
             else:
                 stretches.append([span])
         found: dict[Span, bytes] = {}
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_unlinked(path, os.O_RDONLY)
         try:
             for stretch in stretches:
                 first = stretch[0][0]
@@ -93,11 +126,11 @@ class FileIo:
 
     def append(self, path: Path, data: bytes) -> None:
         """Append `data` to an existing file with one `O_APPEND` write (looping only on a short write)."""
-        self._write_and_close(os.open(path, os.O_WRONLY | os.O_APPEND), data)
+        self._write_and_close(open_unlinked(path, os.O_WRONLY | os.O_APPEND), data)
 
     def create(self, path: Path, data: bytes) -> None:
         """Create a new file holding `data`; `FileExistsError` if it exists."""
-        self._write_and_close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), data)
+        self._write_and_close(open_unlinked(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), data)
 
     def write_atomic(self, path: Path, data: bytes) -> None:
         """Replace `path` by a file holding `data`: readers see the old file or the new one, never a mix."""

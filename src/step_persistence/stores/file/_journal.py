@@ -50,6 +50,8 @@ class Journal(ABC, Generic[EntryT]):
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.run_id = path.parent.name
+        """The run whose file this is (its directory's name): a line naming another run is damaged."""
         self.offset = 0
         """How many bytes of the file have been read and applied."""
         self.torn = False

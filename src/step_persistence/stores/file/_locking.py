@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from step_persistence.stores.file._io import FileIo
+from step_persistence.stores.file._io import FileIo, open_unlinked, real_directory
 
 __all__ = ['RunNotRegistered', 'locked_run', 'new_incarnation']
 
@@ -36,13 +36,15 @@ def new_incarnation() -> str:
 def locked_run(lock_file: Path, *, exclusive: bool, io: FileIo) -> Iterator[str]:
     """Hold the run's lock (exclusive or shared) and yield its incarnation token.
 
-    Raises `RunNotRegistered` if the run does not exist, also when it was deleted while waiting.
+    Raises `RunNotRegistered` if the run does not exist, also when it was deleted while waiting, and
+    `UnsafePath` if the run's directory or its lock file is a symbolic link.
     """
     import fcntl  # POSIX only: imported here so that importing the package works everywhere.
 
     while True:
         try:
-            fd = os.open(lock_file, os.O_RDONLY)
+            real_directory(lock_file.parent)
+            fd = open_unlinked(lock_file, os.O_RDONLY)
         except FileNotFoundError:
             raise RunNotRegistered(f'run {lock_file.parent.name!r} is not registered') from None
         try:

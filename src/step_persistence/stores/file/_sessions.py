@@ -19,14 +19,42 @@ import anyio.to_thread
 
 from step_persistence._lru import BoundedLru
 from step_persistence.stores._turns import RunTurns
+from step_persistence.stores.file._codec import json_object
 from step_persistence.stores.file._index import RunIndex
-from step_persistence.stores.file._io import FileIo
-from step_persistence.stores.file._layout import run_paths
+from step_persistence.stores.file._io import FileIo, UnsafePath
+from step_persistence.stores.file._layout import RunPaths, run_paths
 from step_persistence.stores.file._locking import RunNotRegistered, locked_run
 
-__all__ = ['RunSessions']
+__all__ = ['RunSessions', 'check_run_file']
 
 T = TypeVar('T')
+
+
+def check_run_file(io: FileIo, paths: RunPaths) -> None:
+    """Raise `ValueError` if the run's `run.json` names another run than its directory does.
+
+    A directory copied or renamed by hand, or a run id differing only in case from another on a
+    case-insensitive file system, would otherwise give one run's files under another id. An
+    unreadable `run.json` is not checked here (`get_run` reports it; the run's other files stay
+    usable); a symbolic link raises `UnsafePath`.
+    """
+    try:
+        stored = json_object(io.read_all(paths.run_file), 'run file').get('run')
+    except (OSError, ValueError) as error:
+        if isinstance(error, UnsafePath):
+            raise
+        return
+    run_id = stored.get('run_id') if isinstance(stored, dict) else None
+    if isinstance(run_id, str) and run_id != paths.directory.name:
+        raise ValueError(foreign_run_message(paths, run_id))
+
+
+def foreign_run_message(paths: RunPaths, run_id: str) -> str:
+    """Why the files under `paths` are not used as the run their directory names."""
+    return (
+        f'run directory {paths.directory} holds run {run_id!r}, not {paths.directory.name!r} (a directory '
+        'copied or renamed by hand, or a run id differing only in case on a case-insensitive file system)'
+    )
 
 
 class RunSessions:
@@ -78,8 +106,9 @@ class RunSessions:
     def session(self, run_id: str, *, exclusive: bool) -> Iterator[RunIndex]:
         """From a worker thread: hold the run's lock and yield its index, caught up with nothing yet.
 
-        Raises `RunNotRegistered` (a `LookupError`) if the run does not exist. After any error
-        the index is dropped, so the next use rebuilds it from the files.
+        Raises `RunNotRegistered` (a `LookupError`) if the run does not exist, `ValueError` if its
+        directory is a symbolic link or holds another run (`check_run_file`). After any error the
+        index is dropped, so the next use rebuilds it from the files.
         """
         paths = run_paths(self.directory, run_id)
         with self._guard:
@@ -88,6 +117,9 @@ class RunSessions:
             try:
                 with locked_run(paths.lock_file, exclusive=exclusive, io=self.io) as incarnation:
                     index.adopt(incarnation)
+                    if not index.verified:
+                        check_run_file(self.io, paths)
+                        index.verified = True
                     yield index
             except BaseException:
                 self.forget(run_id)

@@ -23,11 +23,12 @@ from pathlib import Path
 
 import anyio.to_thread
 
+from step_persistence._reading import logger
 from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.stores.file._codec import load_snapshot_file
 from step_persistence.stores.file._index import RunIndex
-from step_persistence.stores.file._io import FileIo
+from step_persistence.stores.file._io import FileIo, UnsafePath, open_unlinked, real_directory
 from step_persistence.stores.file._journal import read_lines
 from step_persistence.stores.file._layout import RunPaths, is_run_directory_name
 from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
@@ -37,19 +38,25 @@ __all__ = ['collect_media']
 
 
 def _run_ids(directory: Path) -> list[str]:
+    """The names of the run directories (symbolic links are never followed, see `_io`)."""
     try:
-        return sorted(entry.name for entry in os.scandir(directory) if is_run_directory_name(entry.name))
+        entries = list(os.scandir(directory))
     except FileNotFoundError:
         return []
+    return sorted(
+        entry.name for entry in entries if is_run_directory_name(entry.name) and entry.is_dir(follow_symlinks=False)
+    )
 
 
-def _references(directory: Path) -> set[str]:
+def _references(io: FileIo, directory: Path) -> set[str]:
     found: set[str] = set()
     for run_id in _run_ids(directory):
         try:
-            found |= uris_in(RunPaths(directory / run_id).messages.read_bytes())
+            found |= uris_in(io.read_all(RunPaths(directory / run_id).messages))
         except (FileNotFoundError, NotADirectoryError):
             continue  # deleted meanwhile, or not a run
+        except UnsafePath as error:
+            logger.warning('ignoring the messages of run %r in collect_media: %s', run_id, error)
     return found
 
 
@@ -57,6 +64,10 @@ def _used_numbers(io: FileIo, index: RunIndex) -> set[int] | None:
     """The message numbers to keep; `None` if a retained snapshot cannot be read."""
     messages = index.messages
     keep = {stored[-1].number for stored in messages.versions if stored}
+    try:
+        real_directory(index.paths.snapshots)
+    except (OSError, ValueError):
+        return None
     for seq, _ in index.snapshots.retained:
         try:
             _, history = load_snapshot_file(io.read_all(index.paths.snapshot(seq)))
@@ -91,13 +102,16 @@ def _compact(sessions: RunSessions, run_id: str) -> int:
             io.write_atomic(path, kept)
     except RunNotRegistered:
         return 0
+    except UnsafePath as error:
+        logger.warning('leaving run %r as it is in collect_media: %s', run_id, error)
+        return 0
     sessions.forget(run_id)  # built from the file as it was
     return len(dropped)
 
 
 def _replace_incarnation(lock_file: Path, *, fsync: bool) -> None:
     """Give the run a new incarnation token (same length, written in place), so every index restarts."""
-    fd = os.open(lock_file, os.O_WRONLY)
+    fd = open_unlinked(lock_file, os.O_WRONLY)
     try:
         os.pwrite(fd, new_incarnation().encode('ascii'), 0)
         if fsync:
@@ -116,7 +130,7 @@ async def collect_media(sessions: RunSessions, media_store: MediaStore | None, *
         reclaimed += await sessions.in_turn(run_id, partial(_compact, sessions, run_id))
 
     async def referenced() -> set[str]:
-        return await anyio.to_thread.run_sync(_references, sessions.directory)
+        return await anyio.to_thread.run_sync(_references, sessions.io, sessions.directory)
 
     blobs = await collect_blobs(media_store, grace=grace, referenced=referenced)
     return MediaCollection(messages=reclaimed, blobs=blobs)

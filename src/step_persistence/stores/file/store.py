@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
@@ -12,7 +13,7 @@ from collections.abc import Sequence
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio.from_thread
 
@@ -20,7 +21,7 @@ from step_persistence import lifecycle
 from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
 from step_persistence._history import EncodedMessage, decode_messages
-from step_persistence._reading import read_each, read_or_skip
+from step_persistence._reading import logger, read_each, read_or_skip
 from step_persistence.media.disk import DiskMediaStore
 from step_persistence.media.protocol import MediaStore
 from step_persistence.protocol import write_each
@@ -47,7 +48,7 @@ from step_persistence.stores.file._codec import (
     load_snapshot_file,
 )
 from step_persistence.stores.file._index import RunIndex
-from step_persistence.stores.file._io import FileIo, IoCounters
+from step_persistence.stores.file._io import FileIo, IoCounters, real_directory
 from step_persistence.stores.file._journal import read_lines
 from step_persistence.stores.file._layout import (
     MEDIA_DIRECTORY_NAME,
@@ -60,9 +61,19 @@ from step_persistence.stores.file._layout import (
 from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
 from step_persistence.stores.file._message_journal import MessageVersion
 from step_persistence.stores.file._messages import stored_message
-from step_persistence.stores.file._sessions import RunSessions
+from step_persistence.stores.file._sessions import RunSessions, foreign_run_message
 
 __all__ = ['FileStepStore']
+
+_Record = TypeVar('_Record', RunRecord, StepEvent, ContinuableSnapshot)
+
+
+def _of_run(run_id: str, what: str, record: _Record) -> _Record:
+    """`record`, read from the files of run `run_id`; `ValueError` if it belongs to another run."""
+    if record.run_id != run_id:
+        raise ValueError(f'{what} of run {record.run_id!r}, not {run_id!r}')
+    return record
+
 
 INDEX_CACHE_CAPACITY = 256
 """How many runs' indexes a store keeps in memory; a run evicted from the cache is re-indexed on next use."""
@@ -93,7 +104,9 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     """Stores runs as plain JSON files under `directory`, one directory per run.
 
     Every run id is validated (`[A-Za-z0-9_.-]{1,200}`, no `..`, not `.`) before the disk is
-    touched; any method given an invalid one raises `ValueError`, reads included. Writers of one
+    touched; any method given an invalid one raises `ValueError` (`TypeError` for a run id or
+    filter that is not a string), reads included. A run directory whose `run.json` names another
+    run, and symbolic links below `directory`, are never used as the run. Writers of one
     run are serialized by a lock file, so several threads and processes can share a directory on
     a local filesystem (POSIX only); calls on one run take effect in the order they were made.
     A snapshot writes only the messages that changed since the run's last stored version and
@@ -124,6 +137,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         self._media = MessageMedia.resolve(
             media_store, media_threshold_bytes, default=lambda: DiskMediaStore(self.media_directory)
         )
+        self._owns_media = media_store == 'auto'
+        """Whether the media store is the default one under `@media`, which must then not be a link."""
         self.media_store: MediaStore | None = self._media.store
         """Where large message payloads go; `None` when they stay inline."""
         self.media_threshold_bytes = self._media.threshold_bytes
@@ -147,11 +162,18 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     def __repr__(self) -> str:
         return f'FileStepStore({str(self.directory)!r}, max_snapshots_per_run={self.max_snapshots_per_run!r})'
 
+    def _check_media_directory(self) -> None:
+        """Raise `UnsafePath` if the store's own `@media` is a symbolic link (blobs would go elsewhere)."""
+        if self._owns_media:
+            with contextlib.suppress(FileNotFoundError):  # created by the media store's first put
+                real_directory(self.media_directory)
+
     def _pack(self, message: EncodedMessage) -> PackedMessage:
         """From a worker thread: a new message as it is written, its payloads stored in the media store.
 
         The media store is async, so the walker runs on the event loop while the thread waits.
         """
+        self._check_media_directory()
         return anyio.from_thread.run(self._media.pack_message, message)
 
     def _unpack(self, version: MessageVersion, line: bytes) -> Any:
@@ -160,6 +182,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         tree, externalized = stored_message(version.number, version.digest, line)
         if not externalized:
             return tree
+        self._check_media_directory()
         return anyio.from_thread.run(partial(self._media.unpack, tree, externalized=True))
 
     # --- runs ---
@@ -169,8 +192,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
 
     def _register_run(self, record: RunRecord) -> None:
         paths = run_paths(self.directory, record.run_id)
-        staging = self.directory / WORK_DIRECTORY_NAME / f'register-{secrets.token_hex(8)}'
-        staging.mkdir(parents=True)
+        staging = self._work_directory() / f'register-{secrets.token_hex(8)}'
+        staging.mkdir()
         try:
             staged = RunPaths(staging)
             self._io.create(staged.lock_file, new_incarnation().encode('ascii'))
@@ -189,18 +212,34 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def _work_directory(self) -> Path:
+        """`@tmp`, created if needed; `UnsafePath` if it is a symbolic link (staging would happen elsewhere)."""
+        work = self.directory / WORK_DIRECTORY_NAME
+        work.mkdir(parents=True, exist_ok=True)
+        real_directory(work)
+        return work
+
     async def get_run(self, *, run_id: str) -> RunRecord | None:
-        """The record, `None` if absent; raises `ValueError` if its `run.json` is unreadable."""
-        paths = run_paths(self.directory, run_id)
-        loaded = await self._runs.in_turn(run_id, partial(self._read_run_file, paths.run_file))
+        """The record, `None` if absent; raises `ValueError` if its `run.json` is unreadable, names
+        another run, or the run's directory or `run.json` is a symbolic link."""
+        run_paths(self.directory, run_id)
+        loaded = await self._runs.in_turn(run_id, partial(self._read_run_file, run_id, checked=False))
         return None if loaded is None else loaded[0]
 
-    def _read_run_file(self, path: str | Path) -> tuple[RunRecord, int] | None:
+    def _read_run_file(self, run_id: str, *, checked: bool) -> tuple[RunRecord, int] | None:
+        """The record and registration stamp in the directory of `run_id` (`checked`: known to be a real
+        directory); `None` if there is none."""
+        paths = run_paths(self.directory, run_id)
         try:
-            data = self._io.read_all(path)
+            if not checked:
+                real_directory(paths.directory)
+            data = self._io.read_all(paths.run_file)
         except FileNotFoundError:
             return None
-        return load_run_file(data)
+        record, registered_ns = load_run_file(data)
+        if record.run_id != run_id:
+            raise ValueError(foreign_run_message(paths, record.run_id))
+        return record, registered_ns
 
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
@@ -220,13 +259,24 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
 
     def _read_all_runs(self) -> list[tuple[RunRecord, int]]:
         try:
-            names = sorted(entry.name for entry in os.scandir(self.directory) if entry.is_dir())
+            entries = list(os.scandir(self.directory))
         except FileNotFoundError:
             return []
+        names: list[str] = []
+        for entry in entries:
+            if not is_run_directory_name(entry.name):
+                continue
+            if entry.is_dir(follow_symlinks=False):
+                names.append(entry.name)
+            elif entry.is_symlink():
+                logger.warning('skipping %s: a symbolic link; the file store never follows links', entry.path)
         directory = os.fspath(self.directory)
-        # Paths as strings, not `Path`s: a third of the time.
-        run_files = [os.path.join(directory, name, RUN_FILE_NAME) for name in filter(is_run_directory_name, names)]
-        return read_each(run_files, 'run file {}'.format, self._read_run_file)
+        return read_each(
+            sorted(names),
+            # Paths as strings, not `Path`s: a third of the time.
+            lambda name: f'run file {os.path.join(directory, name, RUN_FILE_NAME)}',
+            partial(self._read_run_file, checked=True),
+        )
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
         """Remove the run's directory in one rename (then delete it); with `cascade`, its delegated runs first."""
@@ -237,10 +287,9 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
 
     def _delete_run(self, run_id: str) -> None:
         paths = run_paths(self.directory, run_id)
-        trash = self.directory / WORK_DIRECTORY_NAME / f'deleted-{secrets.token_hex(8)}'
         try:
             with self._runs.session(run_id, exclusive=True):
-                trash.parent.mkdir(exist_ok=True)
+                trash = self._work_directory() / f'deleted-{secrets.token_hex(8)}'
                 os.rename(paths.directory, trash)
                 self._io.sync_directory(self.directory)
         except RunNotRegistered:
@@ -272,7 +321,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return read_each(
             read_lines(path, data),
             lambda line: f'line at byte {line[0][0]} of {path}',
-            lambda line: StepEvent.model_validate_json(line[1]),
+            lambda line: _of_run(run_id, 'event line', StepEvent.model_validate_json(line[1])),
         )
 
     # --- snapshots ---
@@ -288,6 +337,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         if key is not None and key in journal.keys:
             return
         index.messages.catch_up(self._io)
+        real_directory(index.paths.snapshots)
         history = index.messages.store(self._io, encoded, self._pack)
         seq = journal.next_seq
         self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, history))
@@ -334,9 +384,11 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return []
 
     def _load_snapshot(self, index: RunIndex, seq: int) -> ContinuableSnapshot:
+        real_directory(index.paths.snapshots)
         header, history = load_snapshot_file(self._io.read_all(index.paths.snapshot(seq)))
         if header.seq != seq:
             raise ValueError(f'the file of snapshot {seq} holds snapshot {header.seq}')
+        _of_run(index.paths.directory.name, 'snapshot file', header)
         versions = index.messages.resolve(history)
         lines = self._io.read_spans(index.paths.messages, [version.span for version in versions])
         trees = [self._unpack(version, line) for version, line in zip(versions, lines, strict=True)]
