@@ -197,10 +197,15 @@ def _described(ctx: RunContext[Any], error: BaseException) -> BaseException:
         return error
     # Read via `__dict__`, as pydantic-ai's own `RunContext.cancel` does.
     cancellation = ctx.__dict__.get('_cancellation')
-    remaining = ctx.remaining_time()
-    if getattr(cancellation, 'timed_out', False) or (remaining is not None and remaining <= 0):
+    if cancellation is None:
+        remaining = ctx.remaining_time()
+        timed_out, requested = remaining is not None and remaining <= 0, False
+    else:
+        timed_out = bool(getattr(cancellation, 'timed_out', False))
+        requested = bool(getattr(cancellation, 'cancel_requested', False))
+    if timed_out:
         return RunTimedOut('The agent run timed out.')
-    if getattr(cancellation, 'cancel_requested', False):
+    if requested:
         return RunCancelled('The agent run was cancelled.')
     return error
 
@@ -502,8 +507,10 @@ class StepPersistence(AbstractCapability[Any]):
         if final is None or final.tool_call_id is None or not messages:
             return messages
         last = messages[-1]
+        if not isinstance(last, ModelResponse) or all(c.tool_call_id != final.tool_call_id for c in last.tool_calls):
+            return messages  # the history answers it (`run`), or the output came from elsewhere
         unanswered = set(unanswered_tool_call_ids(messages))
-        if not isinstance(last, ModelResponse) or final.tool_call_id not in unanswered:
+        if final.tool_call_id not in unanswered:
             return messages
         strategy = getattr(ctx.agent, 'end_strategy', 'graceful')
         open_calls = [call for call in last.tool_calls if call.tool_call_id in unanswered]

@@ -18,7 +18,7 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 from pydantic import BaseModel
 from pydantic_ai import Agent, ModelRetry, RunContext
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, RunTimedOut, UsageLimitExceeded
+from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, RunCancelled, RunTimedOut, UsageLimitExceeded
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -499,6 +499,24 @@ async def cancelled_in_a_model_request(store: StepStore) -> None:
 
 
 TIMED_OUT = repr(RunTimedOut('The agent run timed out.'))
+
+
+@scenario
+async def cancelled_by_the_application(store: StepStore) -> None:
+    agent = persisted(store, model(LOOKUP, calls(('stop', {}, 'stop-1')), text('never')))
+
+    @agent.tool
+    async def stop(ctx: RunContext[None]) -> str:
+        ctx.cancel()
+        await asyncio.Event().wait()
+        return 'unreachable'
+
+    with pytest.raises(RunCancelled):
+        await agent.run('go')
+    audit = await audit_only_run(store)
+    cancelled = repr(RunCancelled('The agent run was cancelled.'))
+    assert audit.kinds[-2:] == ['tool_call_failed', 'run_failed'] and audit.terminal.error == cancelled
+    assert 'the run was cancelled' in (audit.effects['stop-1'].effect_summary or '')
 
 
 @scenario
