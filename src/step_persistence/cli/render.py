@@ -18,6 +18,7 @@ from rich.console import Console, RenderableType
 from rich.measure import Measurement
 from rich.segment import Segments
 from rich.table import Table
+from rich.text import Text
 from rich.tree import Tree
 
 from step_persistence.cli._common import escape
@@ -73,6 +74,21 @@ def _natural_width(console: Console, renderable: RenderableType) -> Measurement:
     return Measurement.get(console, console.options.update_width(100_000), renderable)
 
 
+def _pinned(table: Table) -> Table:
+    """`table` with each unwrapped column at least as wide as its widest cell.
+
+    Rich's measurement counts an unwrapped column by its longest word, so a table that "fits"
+    could still be cut down, run ids first, when rendered; pinned, it is measured as it renders.
+    """
+    for column in table.columns:
+        if column.no_wrap:
+            cells = [column.header, *column.cells]
+            column.min_width = max(
+                (Text.from_markup(cell).cell_len if isinstance(cell, str) else 0 for cell in cells), default=0
+            )
+    return table
+
+
 def print_fitted(console: Console, renderable: RenderableType) -> None:
     """Print `renderable` no narrower than its narrowest rendering, so no unbreakable cell is cut or folded.
 
@@ -126,7 +142,7 @@ def summaries_table(
         table.add_column(column.header, no_wrap=column.no_wrap, overflow='fold', justify=column.justify)  # type: ignore[arg-type]
     for summary in summaries:
         table.add_row(*(_RUN_COLUMNS[name].cell(summary) for name in shown))
-    return table
+    return _pinned(table)
 
 
 def fitted(console: Console, summaries: Sequence[RunSummary], *, title: str | None = 'Runs') -> Table:
@@ -138,7 +154,7 @@ def fitted(console: Console, summaries: Sequence[RunSummary], *, title: str | No
             break
         columns.remove(name)
         table = summaries_table(summaries, title=title, columns=columns)
-    return table
+    return _pinned(table)
 
 
 def events_table(events: Sequence[StepEvent]) -> Table:
@@ -153,7 +169,7 @@ def events_table(events: Sequence[StepEvent]) -> Table:
         table.add_row(
             when(event.timestamp), str(event.step_index), escape(event.kind), escape(tool), escape(event.error or '')
         )
-    return table
+    return _pinned(table)
 
 
 def _effect_status(effect: ToolEffectRecord) -> str:
@@ -174,7 +190,7 @@ def effects_table(effects: Sequence[ToolEffectRecord]) -> Table:
             escape(effect.idempotency_key or ''),
             escape(effect.effect_summary or ''),
         )
-    return table
+    return _pinned(table)
 
 
 def unresolved_table(found: Sequence[tuple[str, Sequence[ToolEffectRecord]]]) -> Table:
@@ -193,7 +209,7 @@ def unresolved_table(found: Sequence[tuple[str, Sequence[ToolEffectRecord]]]) ->
                 escape(effect.idempotency_key or ''),
                 escape(effect.effect_summary or ''),
             )
-    return table
+    return _pinned(table)
 
 
 def snapshots_table(snapshots: Sequence[ContinuableSnapshot]) -> Table:
@@ -208,7 +224,7 @@ def snapshots_table(snapshots: Sequence[ContinuableSnapshot]) -> Table:
             str(len(snapshot.messages)),
             when(snapshot.timestamp),
         )
-    return table
+    return _pinned(table)
 
 
 def run_tree(root: RunNode) -> Tree:
@@ -243,4 +259,4 @@ def tool_stats_table(stats: Sequence[ToolStats]) -> Table:
             '' if row.mean_seconds is None else f'{row.mean_seconds:.3f}s',
             '' if row.max_seconds is None else f'{row.max_seconds:.3f}s',
         )
-    return table
+    return _pinned(table)
