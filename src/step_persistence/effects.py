@@ -20,6 +20,7 @@ ResolvedStatus = Literal['completed', 'failed']
 """What a resolution found: the side effect happened (`completed`) or did not (`failed`)."""
 
 RESOLUTION_METADATA_KEY = 'resolved_by'
+RESOLVED_AT_METADATA_KEY = 'resolved_at'
 """The metadata key of the event `resolve_tool_effect` appends: who settled the effect from outside the run."""
 
 
@@ -59,8 +60,10 @@ async def resolve_tool_effect(
 
     Writes the ledger record with `status`, `ended_at` now and `summary` as its `effect_summary`
     (its idempotency key is kept), then appends a `tool_call_completed` or `tool_call_failed`
-    event at the call's step, with `metadata={'resolved_by': resolved_by}` (the summary is the
-    event's `error` for `failed`). Returns the settled record.
+    event at the call's step, with `metadata={'resolved_by': resolved_by, 'resolved_at': <ISO instant>}`
+    (the summary is the event's `error` for `failed`). The event is stamped with the time of the
+    run's newest event, so a crashed run stays `crashed` rather than looking active again.
+    Returns the settled record.
 
     Resolving again with the same status and summary writes nothing new (the event has an
     idempotency key), so a script that died half way can run again. Raises `LookupError` when the
@@ -88,6 +91,7 @@ async def resolve_tool_effect(
         settled = effect.model_copy(update={'status': status, 'ended_at': utc_now(), 'effect_summary': summary})
         await store.record_tool_effect(settled)
     events = await store.list_events(run_id=run_id)
+    resolved_at = settled.ended_at or utc_now()
     step_index = next(
         (event.step_index for event in events if event.tool_call_id == tool_call_id),
         events[-1].step_index if events else 0,
@@ -103,7 +107,11 @@ async def resolve_tool_effect(
             tool_call_id=tool_call_id,
             tool_name=effect.tool_name,
             error=summary if status == 'failed' else None,
-            metadata={RESOLUTION_METADATA_KEY: resolved_by},
+            # Stamped as of the run's last activity, so that settling a crashed run from outside does not
+            # make it look alive again (run_status judges staleness by the newest event); the real
+            # instant is kept in the metadata and in the ledger's `ended_at`.
+            timestamp=max((event.timestamp for event in events), default=effect.started_at),
+            metadata={RESOLUTION_METADATA_KEY: resolved_by, RESOLVED_AT_METADATA_KEY: resolved_at.isoformat()},
             idempotency_key=f'step_persistence.resolve::{tool_call_id}',
         )
     )

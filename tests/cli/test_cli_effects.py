@@ -7,12 +7,15 @@ The library functions go through the protocol only, so they run against every ba
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 
 import step_persistence
 from step_persistence import RunRecord, StepEvent, StepStore, ToolEffectRecord, from_spec
+from step_persistence.records import utc_now
+from step_persistence.status import run_status
 from support.backends import StoreMaker
 from support.console_script import cli
 
@@ -85,14 +88,15 @@ async def test_resolve_tool_effect_settles_the_record_and_says_so(make_store: St
     )
     assert stored.ended_at is not None and stored.ended_at >= stored.started_at
     assert [e.tool_call_id for e in await store.list_unresolved_tool_effects(run_id='crashed')] == ['call-2']
-    event = (await store.list_events(run_id='crashed'))[-1]
-    assert (event.kind, event.step_index, event.tool_call_id, event.tool_name, event.metadata) == (
+    *before, event = await store.list_events(run_id='crashed')
+    assert (event.kind, event.step_index, event.tool_call_id, event.tool_name) == (
         'tool_call_completed',
         3,
         'call-1',
         'charge_card',
-        {'resolved_by': 'ops'},
     )
+    assert event.metadata == {'resolved_by': 'ops', 'resolved_at': stored.ended_at.isoformat()}
+    assert event.timestamp == max(earlier.timestamp for earlier in before), 'stamped as of the run, not of now'
     assert (event.conversation_id, event.agent_name, event.error) == ('orders', 'payments', None)
 
     events = len(await store.list_events(run_id='crashed'))
@@ -146,7 +150,10 @@ async def test_runs_resolve_and_runs_delete(tmp_path: Path) -> None:
     assert 'already completed' in resolve('call-1', '--status', 'failed', '--summary', 'no', expect=1)
     assert json.loads(cli('runs', 'unresolved', '--store', url, '--json').stdout) == []
     shown = json.loads(cli('runs', 'show', 'worker', '--store', url, '--json').stdout)
-    assert shown['events'][-1]['metadata'] == {'resolved_by': 'step-persistence runs resolve'}
+    assert shown['events'][-1]['metadata'] == {
+        'resolved_by': 'step-persistence runs resolve',
+        'resolved_at': settled['ended_at'].replace('Z', '+00:00'),
+    }
 
     kept = cli('runs', 'delete', 'worker', '--store', url)
     assert 'deleted run worker' in kept.stdout and '1 run(s) delegated from it are kept' in kept.stderr
@@ -162,3 +169,20 @@ async def test_runs_resolve_and_runs_delete(tmp_path: Path) -> None:
         'deleted': ['root', 'child', 'grandchild']
     }
     assert 'root' in cli('runs', 'delete', 'root', '--store', url, expect=3).stderr
+
+
+async def test_a_crashed_run_settled_from_outside_stays_crashed(make_store: StoreMaker) -> None:
+    store = await make_store()
+    long_ago = utc_now() - timedelta(hours=2)
+    await store.register_run(RunRecord(run_id='old', started_at=long_ago))
+    await store.record_tool_effect(
+        ToolEffectRecord(run_id='old', tool_call_id='c', tool_name='pay', status='started', started_at=long_ago)
+    )
+    await store.append_event(
+        StepEvent(run_id='old', kind='tool_call_started', step_index=1, tool_call_id='c', timestamp=long_ago)
+    )
+    await step_persistence.resolve_tool_effect(
+        store, run_id='old', tool_call_id='c', status='failed', summary='no charge was made'
+    )
+    events = await store.list_events(run_id='old')
+    assert run_status(events, await store.list_unresolved_tool_effects(run_id='old')) == 'crashed'
