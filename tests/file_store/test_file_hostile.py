@@ -89,6 +89,24 @@ async def test_a_message_altered_on_disk_makes_its_snapshots_unreadable(
         assert [item.seq for item in await reader.list_snapshots(run_id='run')] == [1]
 
 
+@pytest.mark.parametrize('writer', ['fresh-store', 'store-that-read-it'])
+async def test_a_save_after_a_message_was_altered_writes_it_again(
+    store: FileStepStore, tmp_path: Path, writer: str
+) -> None:
+    """The damaged line is never reused: the next save of the same history stores that message anew."""
+    await store.save_snapshot(snapshot(1))
+    await store.save_snapshot(snapshot(2))
+    rewrite_message_line(tmp_path, 5, b'"x"]', b'"y"]')
+    if writer == 'fresh-store':
+        store = FileStepStore(tmp_path, fsync=False)
+    else:
+        await store.list_snapshots(run_id='run')
+    await store.save_snapshot(snapshot(2))
+    assert len(message_lines(tmp_path)) == 6
+    latest = await FileStepStore(tmp_path).latest_snapshot(run_id='run')
+    assert latest is not None and latest.seq == 3 and dump(latest) == dump(snapshot(2))
+
+
 async def test_a_message_every_snapshot_uses_altered_leaves_no_snapshot(store: FileStepStore, tmp_path: Path) -> None:
     await store.save_snapshot(snapshot(1))
     await store.save_snapshot(snapshot(2))
@@ -108,6 +126,21 @@ async def test_untouched_messages_still_read_back_and_new_saves_work(store: File
     assert [dump(item) for item in await reader.list_snapshots(run_id='run')] == [
         dump(snapshot(step)) for step in (1, 2, 3)
     ]
+
+
+async def test_a_snapshot_file_whose_state_disagrees_with_its_commit_is_skipped(
+    store: FileStepStore, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`latest_snapshot` returns only complete snapshots: a file edited to say otherwise is not one of them."""
+    for step in (1, 2, 3):
+        await store.save_snapshot(snapshot(step))
+    path = tmp_path / 'run' / 'snapshots' / '3.json'
+    path.write_text(path.read_text().replace('"complete"', '"interrupted"'))
+    reader = FileStepStore(tmp_path)
+    latest = await reader.latest_snapshot(run_id='run')
+    assert latest is not None and (latest.seq, latest.state) == (2, 'complete')
+    assert "says 'interrupted'" in caplog.text
+    assert [item.seq for item in await reader.list_snapshots(run_id='run', include_interrupted=True)] == [1, 2]
 
 
 # --- item 6: a stored position is bounded by what the run can hold ---

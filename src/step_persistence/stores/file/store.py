@@ -29,6 +29,7 @@ from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
     RunRecord,
+    SnapshotState,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
@@ -60,7 +61,7 @@ from step_persistence.stores.file._layout import (
 )
 from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
 from step_persistence.stores.file._message_journal import MessageVersion
-from step_persistence.stores.file._messages import stored_message
+from step_persistence.stores.file._messages import DamagedMessage, stored_message
 from step_persistence.stores.file._sessions import RunSessions, foreign_run_message
 
 __all__ = ['FileStepStore']
@@ -370,28 +371,38 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         """The readable retained snapshots (only the newest one with `newest_only`), in sequence order."""
         index.snapshots.catch_up(self._io)
         index.messages.catch_up(self._io)
-        seqs = [seq for seq, state in index.snapshots.retained if include_interrupted or state == 'complete']
+        chosen = [(seq, state) for seq, state in index.snapshots.retained if include_interrupted or state == 'complete']
 
-        def describe(seq: int) -> str:
-            return f'snapshot {index.paths.snapshot(seq)}'
+        def describe(entry: tuple[int, SnapshotState]) -> str:
+            return f'snapshot {index.paths.snapshot(entry[0])}'
 
         if not newest_only:
-            return read_each(seqs, describe, partial(self._load_snapshot, index))
-        for seq in reversed(seqs):
-            snapshot = read_or_skip(describe(seq), partial(self._load_snapshot, index, seq))
+            return read_each(chosen, describe, partial(self._load_snapshot, index))
+        for entry in reversed(chosen):
+            snapshot = read_or_skip(describe(entry), partial(self._load_snapshot, index, entry))
             if snapshot is not None:
                 return [snapshot]
         return []
 
-    def _load_snapshot(self, index: RunIndex, seq: int) -> ContinuableSnapshot:
+    def _load_snapshot(self, index: RunIndex, entry: tuple[int, SnapshotState]) -> ContinuableSnapshot:
+        """Snapshot `seq` in the state its `snapshots.jsonl` line committed it in (`entry`)."""
+        seq, state = entry
         real_directory(index.paths.snapshots)
         header, history = load_snapshot_file(self._io.read_all(index.paths.snapshot(seq)))
         if header.seq != seq:
             raise ValueError(f'the file of snapshot {seq} holds snapshot {header.seq}')
+        if header.state != state:
+            raise ValueError(f'the file of snapshot {seq} says {header.state!r}, snapshots.jsonl {state!r}')
         _of_run(index.paths.directory.name, 'snapshot file', header)
         versions = index.messages.resolve(history)
         lines = self._io.read_spans(index.paths.messages, [version.span for version in versions])
-        trees = [self._unpack(version, line) for version, line in zip(versions, lines, strict=True)]
+        try:
+            trees = [self._unpack(version, line) for version, line in zip(versions, lines, strict=True)]
+        except DamagedMessage:
+            # Damaged since this process indexed it: rebuilt from the file, the index leaves the line
+            # out, so the next save writes that message again rather than reusing the damaged line.
+            self._runs.forget(index.paths.directory.name)
+            raise
         return header.model_copy(update={'messages': decode_messages(trees)})
 
     # --- tool effects ---
