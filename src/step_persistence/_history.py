@@ -77,13 +77,16 @@ def tool_call_ids(message: ModelMessage) -> list[str]:
 
 
 def answered_call_ids(message: ModelMessage) -> list[str]:
-    """Ids of the tool calls a request answers, with a return or a retry prompt (none for a response)."""
+    """Ids of the tool calls a request answers, with a return or a retry prompt (none for a response).
+
+    A retry prompt without a tool name asks the model to redo its output, not a tool call: it answers none.
+    """
     if not isinstance(message, ModelRequest):
         return []
     return [
         part.tool_call_id
         for part in message.parts
-        if isinstance(part, ToolReturnPart | RetryPromptPart)  # pyright: ignore[reportDeprecated]
+        if isinstance(part, ToolReturnPart) or (isinstance(part, RetryPromptPart) and part.tool_name is not None)
     ]
 
 

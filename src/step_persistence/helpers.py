@@ -162,9 +162,41 @@ class RecoveryReport:
     failed_tools: list[str]
     """Names of tools whose calls failed, in ledger order."""
 
+    # The seed's names for the same fields.
 
-async def inspect_recovery(*, store: StepStore, run_id: str) -> RecoveryReport:
-    """Summarise a run's recoverable state. Reads only; never executes anything."""
+    @property
+    def latest(self) -> ContinuableSnapshot | None:
+        """`latest_snapshot`."""
+        return self.latest_snapshot
+
+    @property
+    def settled(self) -> ContinuableSnapshot | None:
+        """`latest_complete_snapshot`."""
+        return self.latest_complete_snapshot
+
+    @property
+    def unresolved(self) -> list[ToolEffectRecord]:
+        """`unresolved_effects`."""
+        return self.unresolved_effects
+
+    @property
+    def completed(self) -> list[str]:
+        """`completed_tools`."""
+        return self.completed_tools
+
+    @property
+    def failed(self) -> list[str]:
+        """`failed_tools`."""
+        return self.failed_tools
+
+
+async def inspect_recovery(store: StepStore, *, run_id: str) -> RecoveryReport:
+    """Summarise a run's recoverable state. Reads only; never executes anything.
+
+    Raises `LookupError` for a run that is not stored, as `continue_run` does.
+    """
+    if await store.get_run(run_id=run_id) is None:
+        raise LookupError(f'run {run_id!r} is not stored')
     latest = await store.latest_snapshot(run_id=run_id, include_interrupted=True)
     latest_complete = latest if latest is not None and latest.state == 'complete' else None
     if latest is not None and latest_complete is None:
