@@ -1,13 +1,16 @@
-"""MongoMediaStore specifics: chunking beyond 16 MiB, write order, damaged and interrupted blobs."""
+"""MongoMediaStore specifics: chunking beyond 16 MiB, write order, damaged and interrupted blobs, reusing blobs."""
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 from typing import Any
 
 import pytest
+from pydantic_ai.messages import BinaryContent, ModelRequest, UserPromptPart
 
+from step_persistence import ContinuableSnapshot, MongoStepStore, RunRecord
 from step_persistence.media import MediaContext, media_uri_for
 from step_persistence.stores.mongo.media_store import MAX_CHUNK_SIZE_BYTES, MongoMediaStore
 from support.mongo_helpers import CommandLog, scratch
@@ -111,3 +114,102 @@ async def test_custom_collection_names(scratch: Scratch) -> None:
 def test_bad_arguments_are_value_errors(options: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MongoMediaStore(database='db', **options)
+
+
+# --- a damaged blob is never reused (issue 16, item 5) ---
+
+
+def flip_one_byte(data: bytes) -> bytes:
+    return bytes([data[0] ^ 0x01]) + data[1:]
+
+
+async def chunk_documents(scratch: Scratch, database: str) -> list[dict[str, Any]]:
+    return (
+        await scratch.client[database]['media_chunks']
+        .find({}, {'_id': 0})
+        .sort([('files_id', 1), ('n', 1)])
+        .to_list(None)
+    )
+
+
+@pytest.mark.parametrize(
+    ('collection', 'change'),
+    [
+        ('media_chunks', 'flip a byte'),
+        ('media_chunks', 'remove a chunk'),
+        ('media_chunks', 'truncate a chunk'),
+        ('media', {'$set': {'chunks': 'three'}}),
+        ('media', {'$set': {'chunks': 1}}),
+        ('media', {'$unset': {'files_id': ''}}),
+        ('media', {'$set': {'files_id': {'$ne': None}}}),
+        ('media', {'$set': {'digest': '0' * 64}}),
+    ],
+    ids=str,
+)
+async def test_a_damaged_blob_is_not_touched_and_a_put_writes_it_again(
+    scratch: Scratch, collection: str, change: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    database = scratch.fresh_database()
+    store = media_in(scratch, database, chunk_size_bytes=4)
+    data = b'twelve bytes and some more'
+    uri = await store.put(data, context=MediaContext(media_type='text/plain', metadata={'first': 'put'}))
+    chunks = scratch.client[database]['media_chunks']
+    if change == 'flip a byte':
+        chunk = await chunks.find_one({'n': 1})
+        await chunks.update_one({'_id': chunk['_id']}, {'$set': {'data': flip_one_byte(chunk['data'])}})
+    elif change == 'remove a chunk':
+        await chunks.delete_one({'n': 2})
+    elif change == 'truncate a chunk':
+        await chunks.update_one({'n': 6}, {'$set': {'data': b''}})
+    else:
+        await scratch.client[database][collection].update_one({'_id': uri[-64:]}, change)
+
+    with caplog.at_level(logging.WARNING, logger='step_persistence'):
+        assert await store.touch(uri) is False
+    assert any('is damaged' in record.getMessage() for record in caplog.records)
+    assert await store.put(data, context=MediaContext(metadata={'second': 'put'})) == uri
+    assert await store.get(uri) == data
+    assert await store.touch(uri) is True
+    assert dict(await store.get_metadata(uri)) == {'first': 'put'}  # the manifest keeps its metadata
+    [manifest] = await scratch.client[database]['media'].find({}).to_list(None)
+    stored = [chunk for chunk in await chunk_documents(scratch, database) if chunk['files_id'] == manifest['files_id']]
+    assert b''.join(chunk['data'] for chunk in stored) == data
+    if 'files_id' not in str(change):  # the damaged chunks are gone (unless the manifest lost track of them)
+        assert len(await chunk_documents(scratch, database)) == len(stored)
+
+
+async def test_a_healthy_blob_is_read_back_when_reused_and_never_written_again(
+    mongo_server: MongoServer, scratch: Scratch
+) -> None:
+    log = CommandLog()
+    client = log.client(mongo_server.uri)
+    try:
+        store = MongoMediaStore(client=client, database=scratch.fresh_database(), chunk_size_bytes=4)
+        uri = await store.put(b'twelve bytes')
+        log.commands.clear()
+        assert await store.touch(uri) is True
+        assert await store.put(b'twelve bytes') == uri
+        assert [command for command, _, _ in log.commands] == ['findAndModify', 'find'] * 2
+    finally:
+        await client.close()
+
+
+async def test_a_step_store_saving_a_payload_whose_blob_is_damaged_stores_it_again(scratch: Scratch) -> None:
+    database = scratch.fresh_database()
+    image = BinaryContent(data=os.urandom(100_000), media_type='image/png')
+    history = [ModelRequest(parts=[UserPromptPart(content=['look', image])])]
+    async with MongoStepStore(client=scratch.client, database=database) as first:
+        await first.register_run(RunRecord(run_id='first'))
+        await first.save_snapshot(ContinuableSnapshot(run_id='first', step_index=1, messages=history))
+    chunk = await scratch.client[database]['media_chunks'].find_one({})
+    await scratch.client[database]['media_chunks'].update_one(
+        {'_id': chunk['_id']}, {'$set': {'data': flip_one_byte(chunk['data'])}}
+    )
+    async with MongoStepStore(client=scratch.client, database=database) as second:  # another process, say
+        assert await second.latest_snapshot(run_id='first') is None  # unreadable: skipped and logged
+        await second.register_run(RunRecord(run_id='second'))
+        await second.save_snapshot(ContinuableSnapshot(run_id='second', step_index=1, messages=history))
+        for run_id in ('second', 'first'):  # the blob is whole again, for the run that damaged it too
+            latest = await second.latest_snapshot(run_id=run_id)
+            assert latest is not None
+            assert latest.messages[0].parts[0].content[1].data == image.data  # type: ignore[union-attr,index]

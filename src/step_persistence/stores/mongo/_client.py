@@ -6,6 +6,10 @@ clients are accepted, so no call blocks the event loop: pymongo's `AsyncMongoCli
 maintained driver) and motor's `AsyncIOMotorClient` (deprecated upstream, still common). Both
 expose the same awaitable collection API (except `aggregate`: use `aggregate_all`); this module
 hands out handles typed as pymongo's.
+
+A URL's password never leaves this module: a refused URL is shown only through `redact_url` (a
+string without a scheme, which the redactor would not recognise as a URL, is not shown at all),
+and what pymongo refuses while parsing one becomes a `ValueError` naming the redacted URL.
 """
 
 from __future__ import annotations
@@ -20,10 +24,10 @@ from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, DuplicateKeyError, InvalidName
+from pymongo.errors import BulkWriteError, ConfigurationError, DuplicateKeyError, InvalidName
 from pymongo.write_concern import WriteConcern
 
-from step_persistence._urls import redact_url, url_scheme
+from step_persistence._urls import redact_text, redact_url, url_scheme
 
 if TYPE_CHECKING:
     from motor.motor_asyncio import AsyncIOMotorClient
@@ -54,8 +58,26 @@ def _mongodb_url(db_url: object) -> str:
         scheme, _, rest = db_url.partition('://')
         if scheme.lower() in _SCHEMES:
             return f'{scheme.lower()}://{rest}'
-    shown = redact_url(db_url) if isinstance(db_url, str) else f'a {type(db_url).__name__}'
-    raise ValueError(f'db_url must be a mongodb:// or mongodb+srv:// URL, got {shown!r}')
+    if not isinstance(db_url, str):
+        shown = f'a {type(db_url).__name__}'
+    elif url_scheme(db_url) is None:
+        shown = 'a string without a scheme://'  # not a URL to the redactor: its password would show
+    else:
+        shown = repr(redact_url(db_url))
+    raise ValueError(f'db_url must be a mongodb:// or mongodb+srv:// URL, got {shown}')
+
+
+def _client_for(db_url: str) -> AsyncMongoClient[dict[str, Any]]:
+    """A pymongo client for `db_url`; what pymongo refuses in the URL is a `ValueError` naming it redacted.
+
+    pymongo's own message is kept (redacted too), but not the exception itself, so nothing of the
+    raw URL can travel on in its arguments.
+    """
+    try:
+        return AsyncMongoClient(db_url)
+    except (ConfigurationError, ValueError) as error:
+        message = redact_text(str(error))
+    raise ValueError(f'cannot use MongoDB URL {redact_url(db_url)!r}: {message}')
 
 
 def _is_motor_client(client: object) -> bool:
@@ -94,7 +116,7 @@ class MongoConnection:
             raise TypeError(
                 f'client must be a pymongo AsyncMongoClient or a motor AsyncIOMotorClient, got {type(client).__name__}'
             )
-        return cls(client=AsyncMongoClient(_mongodb_url(db_url)), owned=True)
+        return cls(client=_client_for(_mongodb_url(db_url)), owned=True)
 
     def database(self, name: object) -> Database:
         """The database `name`, read with `CODEC_OPTIONS`; `ValueError` for an invalid name.

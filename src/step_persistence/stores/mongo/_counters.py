@@ -32,6 +32,17 @@ class Allocation:
     last: dict[str, int]
 
 
+def _stored_number(document: dict[str, Any], name: str, run_id: str) -> int:
+    """`document[name]` if it is an integer; a damaged counters document is refused with `ValueError`."""
+    value = document.get(name)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(
+            f'the counters document of run {run_id!r} is damaged ({name} is {value!r}); nothing of this write '
+            'was stored'
+        )
+    return value
+
+
 class Counters:
     """Allocates per-run numbers; an allocation for a run that is not registered raises `LookupError`."""
 
@@ -81,7 +92,8 @@ class Counters:
             if document is None:
                 raise LookupError(f'run {run_id!r} was deleted while being written to')
         return Allocation(
-            registration=int(document['registration']), last={name: int(document[name]) for name in increments}
+            registration=_stored_number(document, 'registration', run_id),
+            last={name: _stored_number(document, name, run_id) for name in increments},
         )
 
     async def _increment(self, counter_id: Any, increments: dict[str, int]) -> Any:

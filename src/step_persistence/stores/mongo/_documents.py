@@ -1,5 +1,10 @@
 """Records to MongoDB documents and back; reading validates, so a bad stored value raises `ValueError`.
 
+Reading is strict: a stored value must have exactly the type this module writes (a string
+`step_index`, a `seq` that is not a positive integer or a date written as text is damage, never
+converted into something that looks true), so a damaged document is refused and its listing
+skips it with a log line.
+
 Two representation rules apply to every collection:
 
 - A timestamp `<name>` is stored as a BSON date (millisecond precision, usable in queries and
@@ -120,7 +125,8 @@ def run_from_document(document: Mapping[str, Any]) -> RunRecord:
             'agent_name': document.get('agent_name'),
             'metadata': _metadata(document),
             'started_at': _time(document, 'started_at'),
-        }
+        },
+        strict=True,
     )
 
 
@@ -144,13 +150,16 @@ def event_document(event: StepEvent, *, seq: int) -> dict[str, Any]:
 
 
 def event_from_document(document: Mapping[str, Any]) -> StepEvent:
+    """The event; its `seq` (its place in the log, not part of the record) must be a positive integer."""
+    _number(document, 'seq')
     return StepEvent.model_validate(
         {
             'run_id': document['run_id'],
             **{name: document.get(name) for name in _EVENT_FIELDS},
             'metadata': _metadata(document),
             'timestamp': _time(document, 'timestamp'),
-        }
+        },
+        strict=True,
     )
 
 
@@ -172,25 +181,40 @@ def snapshot_document(
     return with_time(document, 'timestamp', snapshot.timestamp)
 
 
-def _count(document: Mapping[str, Any], name: str) -> int:
+def _count(document: Mapping[str, Any], name: str, *, least: int = 0) -> int:
     value = document.get(name)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f'{name} must be a non-negative integer, got {value!r}')
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f'{name} must be an integer of at least {least}, got {value!r}')
     return value
 
 
+def _number(document: Mapping[str, Any], name: str) -> int:
+    """A per-run sequence number (`seq`, `no`): an integer from 1."""
+    return _count(document, name, least=1)
+
+
 def snapshot_from_document(document: Mapping[str, Any]) -> tuple[ContinuableSnapshot, int, int]:
-    """The snapshot without its messages, its `history_length` and its `through_message`."""
+    """The snapshot without its messages, its `history_length` and its `through_message`.
+
+    `ValueError` also for a `history_length` its `through_message` cannot hold: message `i` is a
+    document numbered at most `through_message`, and a document numbered `n` holds a position
+    below `n` (`stores/_positions.plausible_position`), so a history of `L` messages needs
+    `through_message >= L`. Trusting more would make a read look for a billion positions.
+    """
     header = ContinuableSnapshot.model_validate(
         {
             'run_id': document['run_id'],
-            'seq': document['seq'],
+            'seq': _number(document, 'seq'),
             **{name: document.get(name) for name in _SNAPSHOT_FIELDS},
             'timestamp': _time(document, 'timestamp'),
             'messages': [],
-        }
+        },
+        strict=True,
     )
-    return header, _count(document, 'history_length'), _count(document, 'through_message')
+    length, through = _count(document, 'history_length'), _count(document, 'through_message')
+    if length > through:
+        raise ValueError(f'a history of {length} messages cannot end at message number {through}')
+    return header, length, through
 
 
 def tool_effect_update(record: ToolEffectRecord) -> dict[str, Any]:
@@ -212,5 +236,6 @@ def tool_effect_from_document(document: Mapping[str, Any]) -> ToolEffectRecord:
             'ended_at': _time(document, 'ended_at'),
             'idempotency_key': document.get('idempotency_key'),
             'effect_summary': document.get('effect_summary'),
-        }
+        },
+        strict=True,
     )

@@ -6,10 +6,17 @@ SHA-256 of the message's JSON, `body` the JSON text as persisted: the message's 
 when `externalized`, that JSON with its large parts moved to the media store. A snapshot names
 its history with `history_length` and `through_message`: message `i` is the document at position
 `i` with the largest number not above `through_message` (see `_histories.py` for writing).
+
+An `externalized` document also carries `stored_digest`, the SHA-256 of its `body` as written.
+Reading re-hashes every body against `digest` (inline) or `stored_digest` (externalized; each
+payload is then checked against its content address by the media store), so a message altered in
+the database, even by one character, makes the snapshots that use it unreadable instead of being
+returned. (Externalized documents written before `stored_digest` existed are read unchecked.)
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from typing import Any, Final
 
@@ -34,7 +41,7 @@ _TOO_LARGE_HINT: Final = (
 
 def message_document(run_id: str, *, no: int, position: int, digest: str, packed: PackedMessage) -> dict[str, Any]:
     """The document storing `packed` (a message whose digest is `digest`) as number `no` at `position`."""
-    return {
+    document = {
         'run_id': run_id,
         'no': no,
         'position': position,
@@ -42,6 +49,16 @@ def message_document(run_id: str, *, no: int, position: int, digest: str, packed
         'body': packed.data.decode('utf-8'),
         'externalized': packed.externalized,
     }
+    if packed.externalized:
+        document['stored_digest'] = hashlib.sha256(packed.data).hexdigest()
+    return document
+
+
+def _sha256(body: str) -> str:
+    try:
+        return hashlib.sha256(body.encode('utf-8')).hexdigest()
+    except UnicodeEncodeError:  # a lone surrogate: no body this store writes holds one
+        return ''
 
 
 def _integer(value: Any) -> int | None:
@@ -104,11 +121,15 @@ class MessageStore:
     async def history(self, run_id: str, *, length: int, through: int) -> list[ModelMessage]:
         """The `length` messages of a history as of message number `through`, read with one aggregation.
 
-        Raises `ValueError` when a position has no document (damaged or removed documents) or a
-        body is not a message, and whatever the media store raises for a missing or corrupt blob.
+        Raises `ValueError` when a position has no document (damaged or removed documents), a
+        body does not match its digest or is not a message, and whatever the media store raises
+        for a missing or corrupt blob. `length` is at most `through` (see `snapshot_from_document`),
+        and only the documents found are held, so a damaged length allocates nothing.
         """
         if length == 0:
             return []
+        if length > through:
+            raise ValueError(f'a history of {length} messages cannot end at message number {through}')
         found = await aggregate_all(
             self._collection,
             [
@@ -118,6 +139,8 @@ class MessageStore:
                     '$group': {
                         '_id': '$position',
                         'no': {'$first': '$no'},
+                        'digest': {'$first': '$digest'},
+                        'stored_digest': {'$first': '$stored_digest'},
                         'body': {'$first': '$body'},
                         'externalized': {'$first': '$externalized'},
                     }
@@ -125,16 +148,24 @@ class MessageStore:
                 {'$sort': {'_id': 1}},
             ],
         )
-        positions = [document['_id'] for document in found]
-        if positions != list(range(length)):
-            missing = sorted(set(range(length)) - set(positions))
-            raise ValueError(f'no stored message at positions {missing[:10]} up to number {through}')
+        for expected, document in enumerate(found):
+            if document['_id'] != expected:
+                raise ValueError(f'no stored message at position {expected} up to number {through}')
+        if len(found) != length:
+            raise ValueError(f'no stored message at position {len(found)} up to number {through}')
         return decode_messages([await self._tree(document) for document in found])
 
     async def _tree(self, document: dict[str, Any]) -> Any:
         body, externalized = document.get('body'), document.get('externalized')
         if not isinstance(body, str) or not isinstance(externalized, bool):
             raise ValueError(f'message {document.get("no")!r} has a malformed body or externalized flag')
+        expected = document.get('stored_digest') if externalized else document.get('digest')
+        unchecked = externalized and expected is None  # written before `stored_digest` existed
+        if not unchecked and (not isinstance(expected, str) or _sha256(body) != expected):
+            raise ValueError(
+                f'message {document.get("no")!r} does not match its digest (a damaged or edited document); '
+                'the snapshots that use it are unreadable'
+            )
         return await self._media.unpack_message(body, externalized=externalized)
 
     async def delete_run(self, run_id: str) -> None:

@@ -10,17 +10,26 @@ same bytes), so deleting a blob never takes the chunks of another put of the sam
 are written before the manifest: a reader never sees a manifest without all its chunks. A manifest
 also has `touched_at`, when it was last put again or reused (missing on older manifests: they
 count as touched long ago).
+
+A blob is never trusted blindly when it is reused: `touch` (what the step stores call before they
+rely on a stored blob) reads its chunks back and checks them against the digest, answering
+`False` (logged) for a damaged blob, and `put` of bytes whose stored blob is damaged writes fresh
+chunks and points the manifest at them. A flipped byte in a chunk therefore makes the snapshots
+that used the blob unreadable, but never the next save of the same payload.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import secrets
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
+from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
+from step_persistence._reading import logger
 from step_persistence.media.clock import media_now
 from step_persistence.media.keys import blob_key, resolve_public_url, uri_of_key
 from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, StoredBlob
@@ -34,6 +43,12 @@ DEFAULT_CHUNK_SIZE_BYTES: Final = 8 * 1024 * 1024
 MAX_CHUNK_SIZE_BYTES: Final = 16 * 1024 * 1024 - 64 * 1024
 """The largest chunk that still fits a 16 MiB document with its other fields."""
 
+_CONTENT: Final = {'digest': 1, 'files_id': 1, 'chunks': 1}
+"""The manifest fields that say where a blob's bytes are and what they must hash to."""
+
+_ATTEMPTS: Final = 4
+"""How often a `put` looks at the manifest again when other puts keep changing it under it."""
+
 
 def digest_key(digest: str, context: MediaContext) -> str:
     """The default key strategy of `MongoMediaStore`: the blob's SHA-256 itself."""
@@ -44,6 +59,10 @@ def _check_chunk_size(value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_CHUNK_SIZE_BYTES:
         raise ValueError(f'chunk_size_bytes must be an int from 1 to {MAX_CHUNK_SIZE_BYTES}, got {value!r}')
     return value
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _utc(value: Any) -> datetime:
@@ -59,9 +78,11 @@ class MongoMediaStore(ClosesOnExit):
     Give exactly one of `client` (a pymongo `AsyncMongoClient` or motor `AsyncIOMotorClient`,
     never closed by the store) or `db_url` (the store builds a client and closes it in
     `aclose()`). Putting bytes already stored under the same key writes nothing and keeps the
-    first metadata. Reads reassemble the chunks and check them against the digest (`ValueError`
-    if they differ or a chunk is missing). `key_strategy` picks the manifest's `_id` (default:
-    the SHA-256); `public_url` resolves URLs for blobs served by some other means.
+    first metadata, unless the stored chunks no longer match the digest: then they are written
+    again. Reads reassemble the chunks and check them against the digest (`ValueError` if they
+    differ or a chunk is missing); so does `touch`, which answers `False` for a damaged blob.
+    `key_strategy` picks the manifest's `_id` (default: the SHA-256); `public_url` resolves URLs
+    for blobs served by some other means. URIs and keys that are not strings are a `TypeError`.
     """
 
     def __init__(
@@ -90,48 +111,118 @@ class MongoMediaStore(ClosesOnExit):
         return f'{type(self).__name__}(collection={self._manifests.full_name!r})'
 
     def key_for(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str:
-        """The manifest `_id` of the blob at `uri` (`ValueError` for a malformed URI or unsafe key)."""
+        """The manifest `_id` of the blob at `uri` (`ValueError` for a malformed URI or unsafe key).
+
+        `TypeError` if `uri` is not a string: nothing that is not one reaches a query.
+        """
+        require_text('uri', uri)
         return blob_key(self._key_strategy, uri, context)
 
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
+        """Store `data` (once per key), or check the stored blob and write it again if it is damaged."""
         uri = media_uri_for(data)
         key = self.key_for(uri, context=context)
-        if await self._touch(key):
-            return uri
-        await self._indexes.ensure()
         digest = parse_media_uri(uri)
+        for _ in range(_ATTEMPTS):
+            manifest = await self._touched(key)
+            if manifest is None:
+                if await self._store_new(key, digest, data, context):
+                    return uri
+            elif await self._intact(uri, manifest) or await self._replace(key, manifest, digest, data):
+                return uri
+        raise RuntimeError(f'blob {uri} in {self._manifests.full_name} kept changing while being stored')
+
+    def _chunk_documents(self, digest: str, data: bytes) -> tuple[str, list[dict[str, Any]]]:
+        """A fresh `files_id` for `data` and its chunk documents (each put writes chunks of its own)."""
         files_id = f'{digest}/{self.chunk_size_bytes}/{secrets.token_hex(8)}'
         view = memoryview(data)
-        size = len(view)
         chunks = [
             {'files_id': files_id, 'n': n, 'data': bytes(view[start : start + self.chunk_size_bytes])}
-            for n, start in enumerate(range(0, size, self.chunk_size_bytes))
+            for n, start in enumerate(range(0, len(view), self.chunk_size_bytes))
         ]
+        return files_id, chunks
+
+    def _content(self, digest: str, data: bytes, files_id: str, chunks: int) -> dict[str, Any]:
+        return {
+            'digest': digest,
+            'size': len(data),
+            'files_id': files_id,
+            'chunk_size': self.chunk_size_bytes,
+            'chunks': chunks,
+            'touched_at': media_now(),
+        }
+
+    async def _store_new(self, key: str, digest: str, data: bytes, context: MediaContext) -> bool:
+        """Write the chunks, then the manifest; `False` if another put stored a manifest first (ours go)."""
+        await self._indexes.ensure()
+        files_id, chunks = self._chunk_documents(digest, data)
         await insert_new(self._chunks, chunks)
         manifest = {
             '_id': key,
-            'digest': digest,
-            'size': size,
-            'files_id': files_id,
-            'chunk_size': self.chunk_size_bytes,
-            'chunks': len(chunks),
+            **self._content(digest, data, files_id, len(chunks)),
             'media_type': context.media_type,
             'filename': context.filename,
             'metadata': json.dumps(dict(context.metadata), ensure_ascii=False),
-            'touched_at': media_now(),
         }
         await insert_new(self._manifests, [manifest])
-        if await self._manifests.find_one({'_id': key, 'files_id': files_id}, {'_id': 1}) is None:
-            await self._chunks.delete_many({'files_id': files_id})  # another put stored it first
-            await self._touch(key)
-        return uri
+        if await self._manifests.find_one({'_id': key, 'files_id': files_id}, {'_id': 1}) is not None:
+            return True
+        await self._chunks.delete_many({'files_id': files_id})
+        return False
 
-    async def _touch(self, key: str) -> bool:
-        result = await self._manifests.update_one({'_id': key}, {'$set': {'touched_at': media_now()}})
-        return bool(result.matched_count)
+    async def _replace(self, key: str, manifest: Mapping[str, Any], digest: str, data: bytes) -> bool:
+        """Point the damaged blob's manifest at fresh chunks of `data` (keeping its metadata), then drop the old ones.
+
+        `False` if another put (or a deletion) changed the manifest first: ours go, and the caller
+        looks at the manifest again.
+        """
+        await self._indexes.ensure()
+        files_id, chunks = self._chunk_documents(digest, data)
+        await insert_new(self._chunks, chunks)
+        old = manifest.get('files_id')
+        unchanged = old if isinstance(old, str) else {'$not': {'$type': 'string'}}  # never a stored operator
+        result = await self._manifests.update_one(
+            {'_id': key, 'files_id': unchanged}, {'$set': self._content(digest, data, files_id, len(chunks))}
+        )
+        if not result.matched_count:
+            await self._chunks.delete_many({'files_id': files_id})
+            return False
+        if isinstance(old, str) and await self._manifests.find_one({'files_id': old}, {'_id': 1}) is None:
+            await self._chunks.delete_many({'files_id': old})
+        return True
+
+    async def _touched(self, key: str) -> dict[str, Any] | None:
+        """Refresh the manifest's `touched_at` and return where its bytes are (`None`: no such blob)."""
+        manifest: dict[str, Any] | None = await self._manifests.find_one_and_update(
+            {'_id': key}, {'$set': {'touched_at': media_now()}}, projection=_CONTENT
+        )
+        return manifest
+
+    async def _intact(self, uri: str, manifest: Mapping[str, Any]) -> bool:
+        """Whether the blob's chunks hash to its digest (read back in full); a damaged blob is logged."""
+        digest = parse_media_uri(uri)
+        hashed = hashlib.sha256()
+        try:
+            if manifest.get('digest') != digest:
+                raise ValueError(f'blob {uri} is corrupt: its manifest names another digest')
+            async for part in self._parts(uri, manifest):
+                hashed.update(part)
+            if hashed.hexdigest() != digest:
+                raise ValueError(f'blob {uri} is corrupt: its bytes hash to sha256 {hashed.hexdigest()}')
+        except ValueError as error:
+            logger.warning(
+                'blob %s in %s is damaged, it will be written again: %s', uri, self._manifests.full_name, error
+            )
+            return False
+        return True
 
     async def touch(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
-        return await self._touch(self.key_for(uri, context=context))
+        """Refresh the blob's touched time; whether it is stored intact (its chunks are read back and hashed).
+
+        A damaged blob (logged) answers `False`, so that the caller puts its bytes again.
+        """
+        manifest = await self._touched(self.key_for(uri, context=context))
+        return manifest is not None and await self._intact(uri, manifest)
 
     async def list_blobs(self) -> AsyncIterator[StoredBlob]:
         async for manifest in self._manifests.find({}, {'_id': 1, 'touched_at': 1}):
@@ -142,6 +233,9 @@ class MongoMediaStore(ClosesOnExit):
 
     async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
         """Delete the manifest (checking its touched time in the same operation), then its chunks."""
+        require_text('blob.key', blob.key)
+        if touched_before is not None and not isinstance(touched_before, datetime):
+            raise TypeError(f'touched_before must be a datetime or None, not {type(touched_before).__name__}')
         query: dict[str, Any] = {'_id': blob.key}
         if touched_before is not None:
             query['$or'] = [{'touched_at': {'$lt': touched_before}}, {'touched_at': {'$exists': False}}]
@@ -161,23 +255,27 @@ class MongoMediaStore(ClosesOnExit):
 
     async def get(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bytes:
         manifest = await self._manifest(uri, context)
-        count, files_id = manifest.get('chunks'), manifest.get('files_id')
-        if not isinstance(count, int) or not isinstance(files_id, str):
+        return check_digest(uri, b''.join([part async for part in self._parts(uri, manifest)]))
+
+    async def _parts(self, uri: str, manifest: Mapping[str, Any]) -> AsyncIterator[bytes]:
+        """The blob's chunks in order; `ValueError` ("corrupt") for a malformed manifest or a missing chunk."""
+        count, files_id = _count(manifest.get('chunks')), manifest.get('files_id')
+        if count is None or not isinstance(files_id, str):
             raise ValueError(f'blob {uri} is corrupt: its manifest is malformed')
-        cursor = self._chunks.find({'files_id': files_id, 'n': {'$lt': count}}).sort('n')
-        parts: list[bytes] = []
-        async for chunk in cursor:
-            if chunk.get('n') != len(parts) or not isinstance(chunk.get('data'), bytes):
-                raise ValueError(f'blob {uri} is corrupt: chunk {len(parts)} is missing or malformed')
-            parts.append(chunk['data'])
-        if len(parts) != count:
-            raise ValueError(f'blob {uri} is corrupt: {count - len(parts)} of its {count} chunks are missing')
-        return check_digest(uri, b''.join(parts))
+        seen = 0
+        async for chunk in self._chunks.find({'files_id': files_id, 'n': {'$lt': count}}, {'_id': 0}).sort('n'):
+            if chunk.get('n') != seen or not isinstance(chunk.get('data'), bytes):
+                raise ValueError(f'blob {uri} is corrupt: chunk {seen} is missing or malformed')
+            seen += 1
+            yield chunk['data']
+        if seen != count:
+            raise ValueError(f'blob {uri} is corrupt: {count - seen} of its {count} chunks are missing')
 
     async def exists(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
         return await self._manifests.find_one({'_id': self.key_for(uri, context=context)}, {'_id': 1}) is not None
 
     async def public_url(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str | None:
+        require_text('uri', uri)
         return await resolve_public_url(self._public_url, uri, context)
 
     async def get_metadata(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Mapping[str, str]:

@@ -16,6 +16,7 @@ from pymongo import ASCENDING, DESCENDING
 from pymongo.errors import DuplicateKeyError
 
 from step_persistence import lifecycle
+from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
 from step_persistence._reading import read_each, read_or_skip, read_or_skip_async
 from step_persistence.media.protocol import MediaStore
@@ -70,7 +71,9 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     limit raises `ValueError` naming the limit and the run, and nothing of it is written. Calls on
     one run take effect in the order they were made; a write completes even if its caller is
     cancelled, and `aclose()` waits for it. `write_batch` applies several writes in a few round
-    trips (see docs/mongo.md).
+    trips (see docs/mongo.md). Every id and filter must be a `str` (`TypeError` before anything
+    is sent: a query operator such as `{'$ne': None}` passed as an id would match other runs'
+    documents), and a damaged document is skipped and logged, never returned.
     """
 
     def __init__(
@@ -139,12 +142,15 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         self._known_runs.remember(record.run_id, RunHead(incarnation=registration))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
+        require_text('run_id', run_id)
         document = await self._order.read(run_id, partial(self._runs.find_one, {'_id': run_id}))
         return None if document is None else read_or_skip(f'run {run_id!r}', partial(run_from_document, document))
 
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
+        require_text('parent_run_id', parent_run_id, optional=True)
+        require_text('conversation_id', conversation_id, optional=True)
         query: dict[str, Any] = {}
         if parent_run_id is not None:
             query['parent_run_id'] = parent_run_id
@@ -183,6 +189,7 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         await self._write_one(event.run_id, RunWrites(events=[event]))
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
+        require_text('run_id', run_id)
         cursor = self._events.find({'run_id': run_id}).sort('seq', ASCENDING)
         documents = await self._order.read(run_id, partial(cursor.to_list, None))
         return read_each(
@@ -210,6 +217,7 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest readable matching snapshot; unreadable newer ones are skipped and logged."""
+        require_text('run_id', run_id)
         return await self._order.read(run_id, partial(self._latest_snapshot, run_id, include_interrupted))
 
     async def _latest_snapshot(self, run_id: str, include_interrupted: bool) -> ContinuableSnapshot | None:
@@ -227,6 +235,7 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Retained matching snapshots in sequence order; unreadable ones are skipped and logged."""
+        require_text('run_id', run_id)
         return await self._order.read(run_id, partial(self._list_snapshots, run_id, include_interrupted))
 
     async def _list_snapshots(self, run_id: str, include_interrupted: bool) -> list[ContinuableSnapshot]:
@@ -240,6 +249,8 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         await self._write_one(record.run_id, RunWrites(tool_effects=[record]))
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        require_text('run_id', run_id)
+        require_text('tool_call_id', tool_call_id)
         query = {'run_id': run_id, 'tool_call_id': tool_call_id}
         document = await self._order.read(run_id, partial(self._effects.find_one, query))
         if document is None:
@@ -249,9 +260,11 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         )
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        require_text('run_id', run_id)
         return await self._tool_effects(run_id, {'run_id': run_id, 'status': 'started'})
 
     async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        require_text('run_id', run_id)
         return await self._tool_effects(run_id, {'run_id': run_id})
 
     async def _tool_effects(self, run_id: str, query: dict[str, Any]) -> list[ToolEffectRecord]:
@@ -270,12 +283,15 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
 
         With `cascade`, every run delegated from it first, each after the runs delegated from it.
         """
+        require_text('run_id', run_id)
         if cascade:
             await lifecycle.delete_delegated_runs(self, run_id)
         await self._order.write([run_id], partial(self._delete_run, run_id))
 
     async def runs_started_before(self, cutoff: datetime) -> list[RunRecord]:
         """The runs that started before `cutoff`, oldest first, found with the `started_at` index (for `prune_runs`)."""
+        if not isinstance(cutoff, datetime):
+            raise TypeError(f'cutoff must be a datetime, not {type(cutoff).__name__}')
         return await self._find_runs(started_before_query(cutoff))
 
     async def _delete_run(self, run_id: str) -> None:
