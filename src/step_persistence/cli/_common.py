@@ -151,11 +151,24 @@ def stderr() -> Console:
     return Console(stderr=True, width=None if sys.stderr.isatty() else 100_000)
 
 
+_CONTROL = re.compile('[\x00-\x08\x0b-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]')
+"""Characters a terminal would obey rather than show: C0 and C1 controls (escape sequences, bells,
+carriage returns) but newline and tab, and the bidirectional overrides that reorder what is shown."""
+
+
+def _visible(character: re.Match[str]) -> str:
+    code = ord(character.group())
+    return f'\\x{code:02x}' if code < 0x100 else f'\\u{code:04x}'
+
+
 def escape(text: str) -> str:
-    """`text` with rich markup escaped, for a stored string printed inside markup."""
+    """`text` made safe to print inside markup: rich markup escaped, control characters shown as `\\xNN`.
+
+    Every stored string goes through it (ids, names, errors and summaries can come from a model).
+    """
     from rich.markup import escape as rich_escape
 
-    return rich_escape(text)
+    return rich_escape(_CONTROL.sub(_visible, text))
 
 
 def display(renderable: RenderableType) -> None:
