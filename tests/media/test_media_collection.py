@@ -106,8 +106,15 @@ class TestCollectableMediaStore:
         assert await store.exists(uri, context=png) is False
 
 
+class RememberedDiskMediaStore(DiskMediaStore):
+    """A disk store as the walker treats a remote one: blobs it stored or touched are remembered for a while."""
+
+    put_checks_stored_copy = False
+    remember_reuse = True
+
+
 async def test_the_walker_touches_a_remembered_blob_again_after_the_reuse_window(tmp_path: Path) -> None:
-    store = DiskMediaStore(tmp_path / 'media')
+    store = RememberedDiskMediaStore(tmp_path / 'media')
     tree = {'kind': 'binary', 'data': 'AAEC_w==', 'media_type': 'image/png'}
     await externalize_media(tree, media_store=store)
     path = store.path_for(media_uri_for(b'\x00\x01\x02\xff'), context=MediaContext(media_type='image/png'))
@@ -117,3 +124,14 @@ async def test_the_walker_touches_a_remembered_blob_again_after_the_reuse_window
     with advanced_media_clock(REUSE_WINDOW + timedelta(seconds=1)):
         await externalize_media(tree, media_store=store)
     assert path.exists(), 'after it, the walker touches the blob, finds it gone and stores it again'
+
+
+async def test_the_walker_checks_a_disk_blob_at_every_reuse(tmp_path: Path) -> None:
+    """A `DiskMediaStore` is not remembered: checking a blob again is a local `stat` (issue 16, item 5)."""
+    store = DiskMediaStore(tmp_path / 'media')
+    tree = {'kind': 'binary', 'data': 'AAEC_w==', 'media_type': 'image/png'}
+    await externalize_media(tree, media_store=store)
+    path = store.path_for(media_uri_for(b'\x00\x01\x02\xff'), context=MediaContext(media_type='image/png'))
+    path.unlink()
+    await externalize_media(tree, media_store=store)
+    assert path.exists()

@@ -6,15 +6,17 @@ import contextlib
 import json
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio.to_thread
 
 from step_persistence._closing import ClosesOnExit
+from step_persistence._lru import BoundedLru
 from step_persistence.media.clock import media_now
 from step_persistence.media.keys import blob_key, default_key_strategy, resolve_public_url, uri_of_key
 from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContext, PublicUrlResolver, StoredBlob
@@ -50,13 +52,39 @@ def _modified(path: Path) -> datetime:
 
 
 def _touch(path: Path) -> bool:
-    """Set the file's modification time to `media_now()`; whether it exists."""
-    stamp = int(media_now().timestamp() * 1_000_000) * 1000
+    """Set the file's modification time to `media_now()`; whether it exists as a regular file.
+
+    A symbolic link is never followed (its target is outside the store's control): it reads as absent.
+    """
     try:
-        os.utime(path, ns=(stamp, stamp))
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return False
+        stamp = int(media_now().timestamp() * 1_000_000) * 1000
+        os.utime(path, ns=(stamp, stamp), follow_symlinks=False)
     except FileNotFoundError:
         return False
     return True
+
+
+_Fingerprint = tuple[int, int, int, int, int]
+"""`(st_dev, st_ino, st_size, st_mtime_ns, st_ctime_ns)` of a blob file: any write to it changes it."""
+
+_CHECKED_LIMIT = 100_000
+"""How many blob files one store remembers having written or checked (the least recently used are forgotten)."""
+
+
+def _fingerprint(status: os.stat_result) -> _Fingerprint:
+    return (status.st_dev, status.st_ino, status.st_size, status.st_mtime_ns, status.st_ctime_ns)
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether the regular file at `path` (not followed if a link) holds exactly `data`."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except (FileNotFoundError, OSError):
+        return False
+    with os.fdopen(fd, 'rb') as file:
+        return file.read(len(data) + 1) == data
 
 
 class DiskMediaStore(ClosesOnExit):
@@ -67,7 +95,19 @@ class DiskMediaStore(ClosesOnExit):
     that yields an absolute path or a `..` segment is rejected with `ValueError`. A blob's touched
     time (see `CollectableMediaStore`) is its file's modification time: `put` of stored bytes and
     `touch` set it to now.
+
+    `put` of bytes already stored checks the stored file first and writes it again when it no
+    longer holds them (a flipped byte, a truncation, a link in its place), so a save never comes
+    to rely on a damaged copy. The check is a `stat` when this store object wrote or checked the
+    file since it last changed (its inode, size, modification and change times), and a read of
+    the file otherwise. The media walker therefore calls `put` at every reuse of a blob
+    (`put_checks_stored_copy`), and does not remember blobs of this store (`remember_reuse`).
     """
+
+    put_checks_stored_copy: ClassVar[bool] = True
+    """`put` of stored bytes checks the stored copy and rewrites it if it differs (read by the media walker)."""
+    remember_reuse: ClassVar[bool] = False
+    """The walker need not remember blobs it stored here: checking one again is a local `stat`."""
 
     def __init__(
         self,
@@ -79,6 +119,8 @@ class DiskMediaStore(ClosesOnExit):
         self.directory = Path(directory)
         self._key_strategy = key_strategy
         self._public_url = public_url
+        self._checked: BoundedLru[str, _Fingerprint] = BoundedLru(_CHECKED_LIMIT)
+        """Per blob file, its fingerprint when this store last wrote it, checked it or touched it."""
 
     def path_for(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Path:
         """The file that holds (or would hold) the blob at `uri`."""
@@ -103,14 +145,38 @@ class DiskMediaStore(ClosesOnExit):
         }
 
         def write() -> None:
-            if _touch(path):
+            if self._reuse(path, data):
                 return
-            _write_atomically(self._sidecar(path), json.dumps(sidecar, ensure_ascii=False).encode('utf-8'))
+            if not (os.path.lexists(path) and self._sidecar(path).is_file()):  # a repair keeps the first metadata
+                _write_atomically(self._sidecar(path), json.dumps(sidecar, ensure_ascii=False).encode('utf-8'))
             _write_atomically(path, bytes(data))
-            _touch(path)
+            self._touched(path)
 
         await anyio.to_thread.run_sync(write)
         return uri
+
+    def _reuse(self, path: Path, data: bytes) -> bool:
+        """Touch the stored file if it holds exactly `data`; `False` if it is absent or damaged."""
+        key = os.fspath(path)
+        try:
+            status = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        if not stat.S_ISREG(status.st_mode) or status.st_size != len(data):
+            return False
+        if self._checked.get(key) != _fingerprint(status) and not _holds(path, data):
+            return False
+        return self._touched(path)
+
+    def _touched(self, path: Path) -> bool:
+        """Touch the file and remember its fingerprint as checked; whether it exists."""
+        key = os.fspath(path)
+        if not _touch(path):
+            self._checked.pop(key)
+            return False
+        with contextlib.suppress(FileNotFoundError):
+            self._checked.put(key, _fingerprint(os.lstat(path)))
+        return True
 
     async def get(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bytes:
         path = self.path_for(uri, context=context)

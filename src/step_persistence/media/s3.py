@@ -7,12 +7,13 @@ so `import step_persistence.media` works without the `s3` extra.
 
 from __future__ import annotations
 
+import hashlib
 import random
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import quote, unquote, urlsplit
 from xml.etree import ElementTree
 
@@ -38,6 +39,74 @@ _RETRY_STATUSES = frozenset({429, 500, 502, 503, 504})
 _ERROR_CODE = re.compile(rb'<Code>([^<]{1,100})</Code>')
 _COPIED_HEADERS = ('content-type', 'content-disposition', 'content-encoding', 'cache-control')
 """Headers of an object that a touch (a copy onto itself) gives the copy again."""
+_BUCKET = re.compile(r'[A-Za-z0-9](?:[A-Za-z0-9._-]{1,253})[A-Za-z0-9]')
+"""S3's bucket names, legacy ones (upper case, underscores, up to 255 characters) included."""
+_REGION = re.compile(r'[A-Za-z0-9_.-]{1,64}')
+_HEADER_TOKEN = re.compile(r'[\x21-\x7e]+')
+"""Printable ASCII without spaces: what can go into the `Authorization` and token headers as is."""
+_HEADER_VALUE = re.compile(r'[\x20-\x7e]*')
+"""Printable ASCII: what an HTTP header value can hold (no CR, LF, NUL or other control characters)."""
+_MAX_PREFIX_BYTES = 900
+"""S3 keys have at most 1024 UTF-8 bytes; a prefix leaves room for the key strategy's keys."""
+_MD5_HEX = re.compile(r'[0-9a-f]{32}')
+
+
+def _check_key_prefix(key_prefix: object) -> str:
+    """`key_prefix` if S3 keeps keys under it exactly as written; `ValueError` otherwise.
+
+    `.` and `..` segments are resolved away by HTTP clients and servers, an empty segment (`x//`) is
+    collapsed by some, and control characters or text that is not valid Unicode cannot be sent.
+    """
+    if not isinstance(key_prefix, str):
+        raise ValueError(f'key_prefix must be a string, got {type(key_prefix).__name__}')
+    try:
+        size = len(key_prefix.encode('utf-8'))
+    except UnicodeEncodeError:
+        raise ValueError(f'key_prefix must be valid Unicode text, got {key_prefix!r}') from None
+    if size > _MAX_PREFIX_BYTES:
+        raise ValueError(f'key_prefix must have at most {_MAX_PREFIX_BYTES} UTF-8 bytes, got {size}')
+    if any(ord(character) < 0x20 or ord(character) == 0x7F for character in key_prefix) or '\\' in key_prefix:
+        raise ValueError(f'key_prefix must not contain control characters or backslashes, got {key_prefix!r}')
+    if key_prefix.startswith('/'):
+        raise ValueError(f'key_prefix must not start with "/", got {key_prefix!r}')
+    *directories, last = key_prefix.split('/')
+    if any(segment in ('', '.', '..') for segment in directories) or last in ('.', '..'):
+        raise ValueError(
+            f'key_prefix must not have empty, "." or ".." segments (servers would not keep them), got {key_prefix!r}'
+        )
+    return key_prefix
+
+
+def _check_endpoint(endpoint: str) -> tuple[str, str, str]:
+    """`(scheme, host header, base path)` of an endpoint URL; `ValueError` (with the URL redacted) otherwise."""
+    shown = redact_url(endpoint) if isinstance(endpoint, str) else type(endpoint).__name__
+    parts = urlsplit(endpoint) if isinstance(endpoint, str) else None
+    if parts is None or parts.scheme not in ('http', 'https') or not parts.netloc or parts.query or parts.fragment:
+        raise ValueError(f'endpoint must be an http(s) URL without query or fragment, got {shown!r}')
+    if '@' in parts.netloc:
+        raise ValueError(
+            'endpoint must not hold credentials (pass access_key_id and secret_access_key; '
+            f'they would be sent as the Host header), got {shown!r}'
+        )
+    if not _HEADER_TOKEN.fullmatch(parts.netloc) or not parts.hostname:
+        raise ValueError(f'endpoint must name an ASCII host (IDNA-encode it), got {shown!r}')
+    try:
+        parts.port  # noqa: B018  (raises for a port that is not a number from 0 to 65535)
+    except ValueError:
+        raise ValueError(f'endpoint has an invalid port: {shown!r}') from None
+    path = parts.path.rstrip('/')
+    if any(segment in ('.', '..') for segment in path.split('/')) or not _HEADER_VALUE.fullmatch(path):
+        raise ValueError(f'endpoint path must not have "." or ".." segments or control characters, got {shown!r}')
+    return parts.scheme, parts.netloc, path
+
+
+def _check_header_text(name: str, value: object, *, secret: bool = False) -> None:
+    """`ValueError` unless `value` is text that can be sent in a header as is (printable ASCII, no spaces)."""
+    if isinstance(value, str) and _HEADER_TOKEN.fullmatch(value) and (secret or '/' not in value):
+        return
+    shown = '' if secret else f', got {value!r}'
+    allowed = 'printable ASCII without spaces' if secret else 'printable ASCII without spaces or "/"'
+    raise ValueError(f'{name} must be {allowed}{shown}')
 
 
 def _xml_children(element: ElementTree.Element, name: str) -> list[ElementTree.Element]:
@@ -117,9 +186,23 @@ class S3MediaStore(ClosesOnExit):
     metadata), `list_blobs` lists the bucket under `key_prefix` (ListObjectsV2), and `delete_blob`
     checks `LastModified` with a `HEAD` just before its `DELETE` (S3 cannot make that atomic).
 
+    `put` of bytes already stored checks the object first: its `Content-Length`, and its `ETag`
+    where the bucket makes that the MD5 of the content (unencrypted or SSE-S3 objects uploaded in
+    one request, as this store does), so an object overwritten with other bytes is uploaded again
+    instead of being relied on, with no request more than a touch. The media walker therefore
+    calls `put` rather than `touch` when it reuses a blob (`put_checks_stored_copy`).
+
+    Everything that goes into a request is checked when the store is built (`endpoint` without
+    credentials and with an ASCII host, `bucket`, `region`, `key_prefix` without empty, `.` or
+    `..` segments, the access key and session token) and in `put` (a `media_type` must be
+    printable ASCII): what S3 would refuse raises `ValueError` before anything is sent.
+
     One HTTP client serves every request. A `client` passed in (an `httpx2.AsyncClient`) is
     used as is and never closed; a store that created its own closes it in `aclose()`.
     """
+
+    put_checks_stored_copy: ClassVar[bool] = True
+    """`put` of stored bytes checks the stored object and uploads it again if it differs (read by the media walker)."""
 
     def __init__(
         self,
@@ -139,22 +222,30 @@ class S3MediaStore(ClosesOnExit):
         timeout_seconds: float = 60.0,
     ) -> None:
         httpx = _import_httpx2()
-        parts = urlsplit(endpoint)
-        if parts.scheme not in ('http', 'https') or not parts.netloc or parts.query or parts.fragment:
-            raise ValueError(f'endpoint must be an http(s) URL without query or fragment, got {redact_url(endpoint)!r}')
-        if not bucket or '/' in bucket:
-            raise ValueError(f'bucket must be a bucket name, got {bucket!r}')
-        if key_prefix.startswith('/'):
-            raise ValueError(f'key_prefix must not start with "/", got {key_prefix!r}')
+        scheme, host, base_path = _check_endpoint(endpoint)
+        if not isinstance(bucket, str) or not _BUCKET.fullmatch(bucket) or '..' in bucket:
+            raise ValueError(
+                'bucket must be a bucket name (3 to 255 ASCII letters, digits, ".", "-" and "_", starting and '
+                f'ending with a letter or digit, no ".."), got {bucket!r}'
+            )
+        if not isinstance(region, str) or not _REGION.fullmatch(region):
+            raise ValueError(f'region must be a region name (ASCII letters, digits, "-", "_", "."), got {region!r}')
+        _check_header_text('access_key_id', access_key_id)
+        if not isinstance(secret_access_key, str) or not secret_access_key:
+            raise ValueError('secret_access_key must be a non-empty string')
+        if session_token is not None:
+            _check_header_text('session_token', session_token, secret=True)
         if max_attempts < 1:
             raise ValueError(f'max_attempts must be >= 1, got {max_attempts!r}')
         self.bucket = bucket
         self.endpoint = endpoint.rstrip('/')
         self.region = region
-        self.key_prefix = key_prefix
-        self._origin = f'{parts.scheme}://{parts.netloc}'
-        self._host = parts.netloc
-        self._base_path = parts.path.rstrip('/')
+        self.key_prefix = _check_key_prefix(key_prefix)
+        self._origin = f'{scheme}://{host}'
+        self._host = host
+        self._base_path = base_path
+        self._md5_etags: bool | None = None
+        """Whether the bucket's ETags of single-request uploads are their MD5 (learnt from our puts)."""
         self._credentials = Credentials(access_key_id, secret_access_key, session_token)
         self._key_strategy = key_strategy
         self._public_url = public_url
@@ -232,23 +323,42 @@ class S3MediaStore(ClosesOnExit):
         return response
 
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
+        """Store `data`, unless the object is there and holds it (then touch it); an object that holds
+        other bytes (overwritten behind the store's back) is uploaded again."""
+        media_type = context.media_type or 'application/octet-stream'
+        if not _HEADER_VALUE.fullmatch(media_type):
+            raise ValueError(f'media_type must be printable ASCII to be sent as Content-Type, got {media_type!r}')
+        data = bytes(data)
         uri = media_uri_for(data)
-        if await self.touch(uri, context=context):
-            return uri
         key = self.key_for(uri, context=context)
-        headers = {
-            'content-type': context.media_type or 'application/octet-stream',
-            'if-none-match': '*',
-            **_encode_metadata(context.metadata),
-        }
+        headers = {'content-type': media_type, **_encode_metadata(context.metadata)}
         if context.filename is not None:
             headers['content-disposition'] = f"inline; filename*=UTF-8''{quote(context.filename, safe='')}"
-        response = await self._request(
-            'PUT', key, body=bytes(data), payload_sha256=parse_media_uri(uri), headers=headers
-        )
+        head = await self._head(uri, context)
+        md5 = hashlib.md5(data, usedforsecurity=False).hexdigest()
+        if head is not None and self._holds(head, data, md5):
+            if await self._copy_onto_itself(key, head):
+                return uri
+            head = None  # deleted meanwhile
+        if head is None:
+            headers['if-none-match'] = '*'  # a concurrent put of the same bytes wins as well
+        response = await self._request('PUT', key, body=data, payload_sha256=parse_media_uri(uri), headers=headers)
         if response.status_code not in (200, 412):
             raise self._error('PUT', key, response)
+        if response.status_code == 200 and 'etag' in response.headers:
+            self._md5_etags = response.headers['etag'].strip('"') == md5
         return uri
+
+    def _holds(self, head: httpx2.Response, data: bytes, md5: str) -> bool:
+        """Whether the object `head` describes holds `data`, as far as its headers tell.
+
+        Its length must match; its ETag must be the MD5 of `data` unless the bucket does not make
+        ETags MD5s (encrypted with KMS or a customer key, for instance: learnt from our own puts).
+        """
+        if head.headers.get('content-length') != str(len(data)):
+            return False
+        etag = head.headers.get('etag', '').strip('"')
+        return self._md5_etags is False or not _MD5_HEX.fullmatch(etag) or etag == md5
 
     async def get(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bytes:
         key = self.key_for(uri, context=context)
@@ -276,7 +386,10 @@ class S3MediaStore(ClosesOnExit):
         head = await self._head(uri, context)
         if head is None:
             return False
-        key = self.key_for(uri, context=context)
+        return await self._copy_onto_itself(self.key_for(uri, context=context), head)
+
+    async def _copy_onto_itself(self, key: str, head: httpx2.Response) -> bool:
+        """Refresh the object's `LastModified` keeping its headers and metadata; `False` if it is gone."""
         headers = {
             'x-amz-copy-source': quote(f'/{self.bucket}/{key}', safe='/~'),
             'x-amz-metadata-directive': 'REPLACE',

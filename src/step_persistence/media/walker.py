@@ -243,14 +243,24 @@ def _restore(node: Any, blobs: dict[tuple[str, str | None], bytes]) -> Any:
     return {key: _restore(value, blobs) for key, value in node.items()}
 
 
+def _puts_to_reuse(store: MediaStore) -> bool:
+    """Whether the store's `put` of bytes already stored checks the stored copy against them (and writes
+    it again if it differs) at the cost of a `touch`: the walker then calls `put`, never `touch` or
+    `exists`, so a save never comes to rely on a damaged copy (`DiskMediaStore`, `S3MediaStore`)."""
+    return getattr(store, 'put_checks_stored_copy', False) is True
+
+
 class _KnownBlobs:
     """Blobs this process has seen stored, per media store (weakly keyed, bounded per store), and when.
 
     A store whose `transactional` attribute is true is never remembered: its writes belong to a
     database transaction that may still roll back (the SQL media store's do), so having seen a
-    blob stored proves nothing about the next call. A blob is remembered for `REUSE_WINDOW`
-    only: after that the walker touches it again, so that a blob a new message refers to was
-    touched recently and `collect_media` (with a large enough grace) cannot take it.
+    blob stored proves nothing about the next call. Nor is one whose `remember_reuse` attribute is
+    false (`DiskMediaStore`: checking a blob again is a local `stat`, so every reuse checks it). A
+    blob is remembered for `REUSE_WINDOW` only: after that the walker touches it again, so that a
+    blob a new message refers to was touched recently and `collect_media` (with a large enough
+    grace) cannot take it. A blob that a read finds damaged or missing is forgotten, so the next
+    save that needs it checks it (and, through `put`, repairs it) instead of relying on it.
     """
 
     def __init__(self) -> None:
@@ -272,7 +282,7 @@ class _KnownBlobs:
         return seen is not None and media_now() - seen < REUSE_WINDOW
 
     def add(self, store: MediaStore, key: tuple[str, str | None], *, at: datetime | None = None) -> None:
-        if getattr(store, 'transactional', False):
+        if getattr(store, 'transactional', False) or getattr(store, 'remember_reuse', True) is False:
             return
         known = self._of(store)
         if known is None:
@@ -330,8 +340,10 @@ async def externalize_media(
     other string of at least `threshold_bytes` UTF-8 bytes becomes a marker. Blobs already stored
     (stored or touched by this process within `REUSE_WINDOW`, or for which `exists` says so, or
     `touch` on a `TouchableMediaStore`, which also refreshes their touched time) are not sent
-    again; the others are put concurrently. A tree with nothing to externalize is returned as is, not copied.
-    `tree` itself is never modified.
+    again; the others are put concurrently. A store whose `put` checks a stored copy
+    (`put_checks_stored_copy`) gets `put` instead of `touch` or `exists`, so a damaged copy is
+    written again rather than relied on. A tree with nothing to externalize is returned as is, not
+    copied. `tree` itself is never modified.
     """
     threshold = validate_threshold_bytes(threshold_bytes)
     if not _needs_externalizing(tree, threshold):
@@ -343,7 +355,9 @@ async def externalize_media(
         async def store() -> None:
             context = MediaContext(media_type=blob.media_type)
             started = media_now()
-            if isinstance(media_store, TouchableMediaStore):
+            if _puts_to_reuse(media_store):
+                stored = False
+            elif isinstance(media_store, TouchableMediaStore):
                 stored = await media_store.touch(blob.uri, context=context)
             else:
                 stored = await media_store.exists(blob.uri, context=context)
@@ -374,8 +388,12 @@ async def restore_media(tree: Any, *, media_store: MediaStore) -> Any:
     def fetching(key: tuple[str, str | None]) -> Callable[[], Awaitable[None]]:
         async def fetch() -> None:
             uri, media_type = key
-            data = await media_store.get(uri, context=MediaContext(media_type=media_type))
-            blobs[key] = check_digest(uri, data)
+            try:
+                data = check_digest(uri, await media_store.get(uri, context=MediaContext(media_type=media_type)))
+            except (ValueError, FileNotFoundError):
+                _known.forget(media_store, uri)  # the next save that needs it checks it again
+                raise
+            blobs[key] = data
             if not isinstance(media_store, TouchableMediaStore):
                 _known.add(media_store, key)  # reading a blob does not touch it
 
