@@ -69,7 +69,7 @@ def _metadata_document(metadata: Mapping[str, str]) -> dict[str, str]:
 
 
 def _metadata(document: Mapping[str, Any]) -> dict[str, Any]:
-    stored = document.get('metadata', {})
+    stored = document.get('metadata')  # always written, `{}` included
     if not isinstance(stored, dict):
         raise ValueError(f'metadata must be an embedded document, got {type(stored).__name__}')
     return {decode_metadata_key(name): value for name, value in stored.items()}

@@ -61,6 +61,17 @@ def _sha256(body: str) -> str:
         return ''
 
 
+def _intact(document: dict[str, Any]) -> bool:
+    """Whether a message document's body is a string that hashes to its digest (`stored_digest` if externalized)."""
+    body, externalized = document.get('body'), document.get('externalized')
+    if not isinstance(body, str) or not isinstance(externalized, bool):
+        return False
+    expected = document.get('stored_digest') if externalized else document.get('digest')
+    if externalized and expected is None:
+        return True  # written before `stored_digest` existed: cannot be checked
+    return isinstance(expected, str) and _sha256(body) == expected
+
+
 def _integer(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -88,12 +99,19 @@ class MessageStore:
         return packed
 
     async def catch_up(self, run_id: str, head: RunHead) -> None:
-        """Add to `head` the run's documents numbered above `head.last_no` (numbers, positions, digests only)."""
+        """Add to `head` the run's documents numbered above `head.last_no`.
+
+        A document whose body does not match its digest counts as one without a digest, so the
+        next save writes its position again instead of pointing a new snapshot at the damaged
+        body. (A store's own writes advance its head without this read: it happens when a store
+        object first writes to a run it did not register, or after another writer took numbers.)
+        """
         cursor = self._collection.find(
-            {'run_id': run_id, 'no': {'$gt': head.last_no}}, {'_id': 0, 'no': 1, 'position': 1, 'digest': 1}
+            {'run_id': run_id, 'no': {'$gt': head.last_no}},
+            {'_id': 0, 'no': 1, 'position': 1, 'digest': 1, 'stored_digest': 1, 'body': 1, 'externalized': 1},
         ).sort('no', ASCENDING)
         rows = [
-            (number, _integer(document.get('position')), _string(document.get('digest')))
+            (number, _integer(document.get('position')), _string(document.get('digest')) if _intact(document) else None)
             async for document in cursor
             if (number := _integer(document.get('no'))) is not None
         ]
@@ -156,17 +174,12 @@ class MessageStore:
         return decode_messages([await self._tree(document) for document in found])
 
     async def _tree(self, document: dict[str, Any]) -> Any:
-        body, externalized = document.get('body'), document.get('externalized')
-        if not isinstance(body, str) or not isinstance(externalized, bool):
-            raise ValueError(f'message {document.get("no")!r} has a malformed body or externalized flag')
-        expected = document.get('stored_digest') if externalized else document.get('digest')
-        unchecked = externalized and expected is None  # written before `stored_digest` existed
-        if not unchecked and (not isinstance(expected, str) or _sha256(body) != expected):
+        if not _intact(document):
             raise ValueError(
-                f'message {document.get("no")!r} does not match its digest (a damaged or edited document); '
-                'the snapshots that use it are unreadable'
+                f'message {document.get("no")!r} is malformed or does not match its digest (a damaged or edited '
+                'document); the snapshots that use it are unreadable'
             )
-        return await self._media.unpack_message(body, externalized=externalized)
+        return await self._media.unpack_message(document['body'], externalized=document['externalized'])
 
     async def delete_run(self, run_id: str) -> None:
         await self._collection.delete_many({'run_id': run_id})
