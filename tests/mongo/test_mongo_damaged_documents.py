@@ -13,6 +13,7 @@ import logging
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -324,3 +325,17 @@ async def test_a_snapshot_claiming_a_huge_history_is_skipped_without_allocating(
         assert [found.seq for found in await fresh.list_snapshots(run_id='victim')] == [1, 2]
 
     assert await peak_allocation(read) < 20 * MIB
+
+
+async def test_collect_media_goes_past_damaged_documents(scratch: Scratch, written: Written) -> None:
+    db = scratch.client[written.database]
+    await db['messages'].update_one({'run_id': 'victim', 'no': 7}, {'$set': {'run_id': {'$ne': None}}})
+    await db['messages'].update_one({'run_id': 'victim', 'no': 6}, {'$set': {'position': True}})
+    await db['messages'].insert_one({'_id': 'not an ObjectId', 'run_id': 'gone', 'no': 1, 'position': 0})
+    await db['runs'].insert_one({'_id': {'not': 'a run id'}})
+    await db['snapshots'].update_one({'run_id': 'victim', 'seq': 2}, {'$set': {'through_message': 'five'}})
+    fresh = store_in(scratch, written.database)
+    await fresh.collect_media(grace=timedelta(0))
+    assert await read_run(fresh, 'other') == written.before['other']
+    assert [entry[0] for entry in (await read_run(fresh, 'victim'))['list_snapshots']] == [1]
+    assert await db['messages'].count_documents({'_id': 'not an ObjectId'}) == 1  # its age is unknown: kept

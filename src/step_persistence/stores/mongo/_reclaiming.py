@@ -12,6 +12,10 @@ version's `ObjectId` time, the writer's clock), and a dead run's documents only 
 
 Blobs are then collected through the store's media store (`collect_blobs`), with the URIs written
 in the remaining externalized message documents as the references.
+
+Damaged documents never stop a collection: a message whose run id, position or number is not what
+the store writes, or whose `_id` is not an `ObjectId` (so its age is unknown), is left alone, and a
+snapshot whose history fields are damaged (unreadable anyway) protects nothing.
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ from step_persistence.stores.mongo._client import Database
 __all__ = ['collect_media']
 
 _BATCH = 1000
+
+
+def _integer(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _unused(versions: list[tuple[int, int, Any]], uses: list[tuple[int, int]], cutoff: ObjectId | None) -> list[Any]:
@@ -64,22 +72,25 @@ async def collect_media(database: Database, media_store: MediaStore | None, *, g
     grace = validate_grace(grace)
     messages, snapshots, runs = database['messages'], database['snapshots'], database['runs']
     cutoff = None if grace == timedelta(0) else ObjectId.from_datetime(utc_now() - grace)
-    live = {document['_id'] async for document in runs.find({}, {'_id': 1})}
+    live = {document['_id'] async for document in runs.find({}, {'_id': 1}) if isinstance(document['_id'], str)}
     uses: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
     async for document in snapshots.find({}, {'_id': 0, 'run_id': 1, 'history_length': 1, 'through_message': 1}):
         run_id = document.get('run_id')
-        length, through = document.get('history_length'), document.get('through_message')
-        if isinstance(run_id, str) and isinstance(length, int) and isinstance(through, int):
+        length, through = _integer(document.get('history_length')), _integer(document.get('through_message'))
+        if isinstance(run_id, str) and length is not None and through is not None:
             uses[run_id].append((length, through))
     versions: defaultdict[str, list[tuple[int, int, Any]]] = defaultdict(list)
     doomed: list[Any] = []
     async for document in messages.find({}, {'run_id': 1, 'position': 1, 'no': 1}):
-        run_id, position, number = document.get('run_id'), document.get('position'), document.get('no')
+        run_id, identifier = document.get('run_id'), document['_id']
+        position, number = _integer(document.get('position')), _integer(document.get('no'))
+        if not isinstance(run_id, str) or not isinstance(identifier, ObjectId):
+            continue  # damaged: whose it is, or how old, is not known
         if run_id not in live:
-            if cutoff is None or document['_id'] < cutoff:
-                doomed.append(document['_id'])  # left by an interrupted delete_run
-        elif isinstance(run_id, str) and isinstance(position, int) and isinstance(number, int):
-            versions[run_id].append((position, number, document['_id']))
+            if cutoff is None or identifier < cutoff:
+                doomed.append(identifier)  # left by an interrupted delete_run
+        elif position is not None and number is not None:
+            versions[run_id].append((position, number, identifier))
     for run_id, found in versions.items():
         doomed.extend(_unused(found, uses[run_id], cutoff))
     reclaimed = await _delete(messages, doomed)
