@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -16,15 +17,18 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.mark.parametrize(
-    'url',
+    ('url', 'builders'),
     [
-        'mysql+aiomysql://app:hunter2@db.example/runs',
-        'mssql://app:hunter2@db.example/runs',
-        'postgres://app:hunter2@db.example/runs',
+        ('mysql+aiomysql://app:hunter2@db.example/runs', (SqlStepStore, from_spec)),
+        ('mssql://app:hunter2@db.example/runs', (SqlStepStore, from_spec)),
+        # from_spec (and so the command line) maps postgres:// to postgresql:// (tests/cli/test_cli_store_urls.py)
+        ('postgres://app:hunter2@db.example/runs', (SqlStepStore,)),
     ],
 )
-def test_an_unsupported_dialect_names_the_supported_ones_without_the_password(url: str) -> None:
-    for build in (SqlStepStore, from_spec):
+def test_an_unsupported_dialect_names_the_supported_ones_without_the_password(
+    url: str, builders: tuple[Any, ...]
+) -> None:
+    for build in builders:
         with pytest.raises(ValueError, match=r'postgresql.*sqlite') as raised:
             build(url)
         assert 'hunter2' not in str(raised.value)
@@ -39,11 +43,19 @@ def test_a_blocking_driver_is_refused_in_favour_of_the_async_one() -> None:
 
 
 @pytest.mark.parametrize(
-    'query', ['timeout=soon', 'timeout=0', 'command_timeout=-1', 'command_timeout=inf', 'timeout=1&timeout=2']
+    ('query', 'message'),
+    [
+        ('timeout=soon', 'timeout must be a positive number of seconds'),
+        ('timeout=0', 'timeout must be a positive number of seconds'),
+        ('command_timeout=-1', 'command_timeout must be a positive number of seconds'),
+        ('command_timeout=inf', 'command_timeout must be a positive number of seconds'),
+        ('connect_timeout=soon', 'connect_timeout must be a positive number of seconds'),
+        ('timeout=1&timeout=2', 'timeout is given 2 times'),
+        ('timeout=1&connect_timeout=2', 'timeout or connect_timeout, not both'),
+    ],
 )
-def test_a_bad_postgres_timeout_names_the_parameter_without_the_password(query: str) -> None:
-    name = query.partition('=')[0]
-    with pytest.raises(ValueError, match=f'{name} must be a positive number of seconds') as raised:
+def test_a_bad_postgres_timeout_names_the_parameter_without_the_password(query: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as raised:
         PostgresStepStore(f'postgresql://app:hunter2@db.example/runs?{query}')
     assert 'hunter2' not in str(raised.value)
 

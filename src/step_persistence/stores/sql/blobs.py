@@ -37,11 +37,22 @@ def blob_row(uri: str, data: bytes, context: MediaContext) -> dict[str, Any]:
 
 
 class BlobWriter:
-    """Inserts blob rows; a blob already stored is left as it is (its first description wins)."""
+    """Inserts blob rows; a blob already stored is left as it is (its first description wins), unless its
+    stored bytes differ from the row's (damaged behind the store's back): then they are written again.
+
+    The row's bytes hash to its digest by construction, so a stored row whose bytes differ is corrupt.
+    The comparison happens in the database and only on a conflict, so a new blob costs what it did.
+    """
 
     def __init__(self, dialect_name: str) -> None:
+        insert = dialect_insert(dialect_name)(media)
+        excluded = insert.excluded
         self._insert = Prepared(
-            dialect_insert(dialect_name)(media).on_conflict_do_nothing(index_elements=[media.c.digest])
+            insert.on_conflict_do_update(
+                index_elements=[media.c.digest],
+                set_={'data': excluded.data, 'touched_at': excluded.created_at},
+                where=media.c.data.is_distinct_from(excluded.data),
+            )
         )
 
     def write(self, transaction: Transaction, blob_rows: list[dict[str, Any]]) -> None:

@@ -39,7 +39,15 @@ from step_persistence.stores.sql.engines import (
 )
 from step_persistence.stores.sql.executors import AsyncExecutor, Executor, Operation, ThreadExecutor
 
-__all__ = ['DEFAULT_BUSY_TIMEOUT', 'SQLITE_THREADS', 'Database', 'DatabaseTarget', 'SqliteSynchronous', 'SqliteTarget']
+__all__ = [
+    'DEFAULT_BUSY_TIMEOUT',
+    'SQLITE_THREADS',
+    'Database',
+    'DatabaseTarget',
+    'SqliteSynchronous',
+    'SqliteTarget',
+    'is_data_exception',
+]
 
 DatabaseTarget = str | URL | AsyncEngine | AsyncConnection
 """What a SQL store is opened on: a URL (the store owns its engine), an application's engine or connection."""
@@ -59,6 +67,9 @@ T = TypeVar('T')
 _NUL_SQLSTATES = frozenset({'22021', '22P05'})
 """PostgreSQL's refusals of a NUL character: in a text value (22021), in a JSON string (22P05)."""
 
+_OUT_OF_RANGE_SQLSTATE = '22003'
+"""PostgreSQL's refusal of a number outside its column's type (`numeric_value_out_of_range`)."""
+
 
 def _sqlstate(error: BaseException) -> str | None:
     """The SQLSTATE of the driver error behind `error`, if any."""
@@ -69,6 +80,13 @@ def _sqlstate(error: BaseException) -> str | None:
             return sqlstate
         cause = getattr(cause, 'orig', None) if isinstance(cause, DBAPIError) else cause.__cause__
     return None
+
+
+def is_data_exception(error: BaseException) -> bool:
+    """Whether `error` is the database refusing a value (SQLSTATE class 22, data exception: out of range,
+    invalid format, an infinite timestamp in arithmetic...)."""
+    sqlstate = _sqlstate(error)
+    return sqlstate is not None and sqlstate.startswith('22')
 
 
 class Database:
@@ -229,10 +247,17 @@ class Database:
         try:
             return await self._executor.run(operation, write=write, options=self._options)
         except DBAPIError as error:
-            if self.dialect_name == 'postgresql' and _sqlstate(error) in _NUL_SQLSTATES:
+            if self.dialect_name != 'postgresql':
+                raise
+            sqlstate = _sqlstate(error)
+            if sqlstate in _NUL_SQLSTATES:
                 raise ValueError(
                     'PostgreSQL cannot store the NUL character (\\x00) in text or JSON; nothing was written '
                     f'({error.orig})'
+                ) from error
+            if sqlstate == _OUT_OF_RANGE_SQLSTATE:
+                raise ValueError(
+                    f"a number is out of its column's range; nothing was written ({error.orig})"
                 ) from error
             raise
 

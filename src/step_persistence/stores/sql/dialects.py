@@ -69,7 +69,8 @@ def resolve_url(url: str | URL) -> URL:
         parsed = make_url(url)
     except Exception as error:
         raise ValueError(f'not a database URL: {redact(url)}') from error
-    backend, _, driver = parsed.drivername.partition('+')
+    backend, _, driver = parsed.drivername.lower().partition('+')  # a URL's scheme is case-insensitive
+    parsed = parsed.set(drivername=f'{backend}+{driver}' if driver else backend)
     if backend in SUPPORTED_DRIVERS and not driver:
         driver = SUPPORTED_DRIVERS[backend]
         parsed = parsed.set(drivername=f'{backend}+{driver}')

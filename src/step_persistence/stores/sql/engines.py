@@ -14,6 +14,7 @@ import math
 import sqlite3
 import time
 from typing import Any, Literal
+from urllib.parse import urlencode
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine
@@ -23,9 +24,12 @@ from sqlalchemy.pool import ConnectionPoolEntry, QueuePool, StaticPool
 
 __all__ = [
     'PING_AFTER_IDLE_SECONDS',
+    'POSTGRES_PARAMETERS',
     'POSTGRES_TIMEOUTS',
+    'SSL_MODES',
     'WRITE_OPTION',
     'SqliteSynchronous',
+    'asyncpg_arguments',
     'check_synchronous',
     'postgres_engine',
     'sqlite3_engine',
@@ -60,7 +64,41 @@ _IDLE_SINCE = 'step_persistence_idle_since'
 
 POSTGRES_TIMEOUTS = ('timeout', 'command_timeout')
 """Query parameters of a PostgreSQL URL, in seconds: connecting (asyncpg's default 60), and each statement
-(asyncpg's default: none)."""
+(asyncpg's default: none). libpq's `connect_timeout` is taken as `timeout`."""
+
+SSL_MODES = ('disable', 'allow', 'prefer', 'require', 'verify-ca', 'verify-full')
+"""libpq's `sslmode` values (asyncpg's `ssl` takes the same names)."""
+
+_SSL_FILES = ('sslrootcert', 'sslcert', 'sslkey', 'sslpassword', 'sslcrl')
+"""libpq's TLS parameters that asyncpg reads only from a connection string (`dsn`), not as arguments."""
+
+_SSL_PROTOCOLS = ('ssl_min_protocol_version', 'ssl_max_protocol_version')
+_TLS_VERSIONS = ('TLSv1', 'TLSv1.1', 'TLSv1.2', 'TLSv1.3')
+
+_TARGET_SESSION_ATTRS = ('any', 'primary', 'standby', 'prefer-standby', 'read-write', 'read-only')
+
+_PASSED_ON = frozenset({'host', 'port', 'user', 'password', 'passfile', 'krbsrvname', 'gsslib'})
+"""Parameters asyncpg (or SQLAlchemy's multi-host URLs) takes as they are."""
+
+_COUNTS = ('prepared_statement_cache_size', 'statement_cache_size', 'max_cacheable_statement_size')
+"""Parameters taken as whole numbers from 0 (`prepared_statement_cache_size=0` for PgBouncer)."""
+
+POSTGRES_PARAMETERS = frozenset(
+    {
+        *POSTGRES_TIMEOUTS,
+        'connect_timeout',
+        'application_name',
+        'sslmode',
+        'ssl',
+        *_SSL_FILES,
+        *_SSL_PROTOCOLS,
+        'target_session_attrs',
+        'max_cached_statement_lifetime',
+        *_PASSED_ON,
+        *_COUNTS,
+    }
+)
+"""The query parameters a PostgreSQL URL may carry (see docs/sql.md); any other is a `ValueError`."""
 
 
 def postgres_engine(url: URL) -> AsyncEngine:
@@ -71,14 +109,94 @@ def postgres_engine(url: URL) -> AsyncEngine:
     is pinged first, since a connection dropped without a word (a firewall's idle timeout) looks
     open until used. `pool_pre_ping` would add that round trip to every operation.
 
-    The URL's `POSTGRES_TIMEOUTS` parameters become asyncpg's; `ValueError` if one is not a
-    positive number of seconds.
+    The URL's query parameters become asyncpg's arguments (`asyncpg_arguments`); `ValueError` for
+    one that asyncpg does not take, or a value it would refuse when connecting.
     """
-    timeouts = {name: _seconds(name, url.query[name]) for name in POSTGRES_TIMEOUTS if name in url.query}
-    engine = create_async_engine(url.difference_update_query(POSTGRES_TIMEOUTS), connect_args=timeouts)
+    driver_url, connect_args = asyncpg_arguments(url)
+    engine = create_async_engine(driver_url, connect_args=connect_args)
     event.listen(engine.sync_engine.pool, 'checkin', _note_idle_since)
     event.listen(engine.sync_engine.pool, 'checkout', _refuse_dead_connection)
     return engine
+
+
+def asyncpg_arguments(url: URL) -> tuple[URL, dict[str, Any]]:
+    """The URL to give SQLAlchemy and the `connect_args` for asyncpg, from a PostgreSQL URL's query.
+
+    Written as libpq takes them, so a URL that works with `psql` works here:
+
+    - `timeout` and `command_timeout` (asyncpg's, in seconds), and libpq's `connect_timeout` for
+      `timeout`: positive numbers of seconds;
+    - `sslmode` (or asyncpg's spelling, `ssl`): one of `SSL_MODES`; `sslrootcert`, `sslcert`,
+      `sslkey`, `sslpassword`, `sslcrl`, `ssl_min_protocol_version` and `ssl_max_protocol_version`,
+      which asyncpg reads from a connection string (handed to it as `dsn`, whose host and database
+      the URL's own override);
+    - `application_name`, sent to the server as a setting;
+    - `target_session_attrs` and the statement cache sizes (whole numbers), checked;
+    - `host`, `port`, `user`, `password`, `passfile`, `krbsrvname`, `gsslib`, as they are.
+
+    Anything else (a misspelling, libpq's `options`, a parameter given twice) is a `ValueError`
+    that names it, raised now rather than as a `TypeError` from asyncpg at the first connection.
+    Values of parameters whose names suggest a secret are never shown.
+    """
+    query = url.query
+    unknown = sorted(set(query) - POSTGRES_PARAMETERS)
+    if unknown:
+        raise ValueError(
+            f'unsupported PostgreSQL URL parameter {", ".join(map(repr, unknown))}; supported: '
+            f'{", ".join(sorted(POSTGRES_PARAMETERS))} (see docs/sql.md)'
+        )
+    values: dict[str, str] = {}
+    for name, value in query.items():
+        if isinstance(value, tuple) and name not in ('host', 'port'):
+            raise ValueError(f'the URL parameter {name} is given {len(value)} times')
+        if isinstance(value, str):
+            values[name] = value
+    if 'timeout' in values and 'connect_timeout' in values:
+        raise ValueError('give the URL parameter timeout or connect_timeout, not both')
+    if 'ssl' in values and 'sslmode' in values:
+        raise ValueError('give the URL parameter sslmode or ssl, not both')
+    connect_args: dict[str, Any] = {}
+    for name in (*POSTGRES_TIMEOUTS, 'connect_timeout'):
+        if name in values:
+            connect_args['command_timeout' if name == 'command_timeout' else 'timeout'] = _seconds(name, values[name])
+    dsn: dict[str, str] = {}
+    for name in ('sslmode', 'ssl'):
+        if name in values:
+            dsn['sslmode'] = _one_of(name, values[name], SSL_MODES)
+    for name in _SSL_FILES:
+        if name in values:
+            dsn[name] = values[name]
+    for name in _SSL_PROTOCOLS:
+        if name in values:
+            dsn[name] = _one_of(name, values[name], _TLS_VERSIONS)
+    if dsn:
+        connect_args['dsn'] = 'postgresql://?' + urlencode(dsn)
+    if 'application_name' in values:
+        connect_args['server_settings'] = {'application_name': values['application_name']}
+    if 'target_session_attrs' in values:
+        _one_of('target_session_attrs', values['target_session_attrs'], _TARGET_SESSION_ATTRS)
+        connect_args['target_session_attrs'] = values['target_session_attrs']
+    for name in _COUNTS:
+        if name in values:
+            connect_args[name] = _count(name, values[name])
+    if 'max_cached_statement_lifetime' in values:
+        connect_args['max_cached_statement_lifetime'] = _count(
+            'max_cached_statement_lifetime', values['max_cached_statement_lifetime']
+        )
+    handled = [name for name in query if name not in _PASSED_ON]
+    return url.difference_update_query(handled), connect_args
+
+
+def _one_of(name: str, value: str, allowed: tuple[str, ...]) -> str:
+    if value not in allowed:
+        raise ValueError(f'the URL parameter {name} must be one of {", ".join(allowed)}, got {value!r}')
+    return value
+
+
+def _count(name: str, value: str) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise ValueError(f'the URL parameter {name} must be a whole number from 0, got {value!r}')
+    return int(value)
 
 
 def _seconds(name: str, value: str | tuple[str, ...]) -> float:

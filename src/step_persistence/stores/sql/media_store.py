@@ -9,12 +9,16 @@ docs/sql.md).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator, Mapping
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 from sqlalchemy import delete, func, select, update
 
+from step_persistence._arguments import require_text
+from step_persistence._reading import logger, read_each
 from step_persistence.media.clock import media_now
 from step_persistence.media.keys import resolve_public_url
 from step_persistence.media.protocol import NO_CONTEXT, MediaContext, PublicUrlResolver, StoredBlob
@@ -23,9 +27,33 @@ from step_persistence.stores.sql.blobs import BlobWriter, blob_row
 from step_persistence.stores.sql.database import Database, DatabaseTarget
 from step_persistence.stores.sql.database_store import DatabaseStore
 from step_persistence.stores.sql.executors import Transaction
+from step_persistence.stores.sql.rows import fetch, readable, require_readable
 from step_persistence.stores.sql.schema import media
+from step_persistence.stores.sql.types import Unreadable
 
 __all__ = ['SqlMediaStore']
+
+
+_BLOBS = select(media.c.digest, readable(func.coalesce(media.c.touched_at, media.c.created_at), name='touched'))
+
+
+def _hashes_to(data: object, digest: str) -> bool:
+    return isinstance(data, bytes) and hashlib.sha256(data).hexdigest() == digest
+
+
+def _blob_name(row: Any) -> str:
+    return f'blob row {row.digest!r}'
+
+
+def _stored_blob(row: Any) -> StoredBlob:
+    require_readable(row._mapping, ('touched',))
+    digest = row.digest
+    uri = f'media+sha256://{digest}'
+    if not isinstance(digest, str) or parse_media_uri(uri) != digest:
+        raise ValueError('its digest is not a SHA-256 in hex')
+    if not isinstance(row.touched, datetime):
+        raise ValueError(f'its touched time is {row.touched!r}')
+    return StoredBlob(uri, digest, row.touched)
 
 
 class SqlMediaStore(DatabaseStore):
@@ -37,9 +65,11 @@ class SqlMediaStore(DatabaseStore):
     back or closed by the store). `schema` (PostgreSQL only) and `auto_migrate` work as for
     `SqlStepStore`: the tables are shared with it, and either store can create them.
 
-    One row per blob, keyed by its SHA-256: putting stored bytes again writes nothing (`INSERT ...
-    ON CONFLICT DO NOTHING`) and keeps the first put's `media_type`, `filename` and metadata. A
-    read checks the bytes against the digest (`ValueError` if they differ). Rows are addressed by
+    One row per blob, keyed by its SHA-256: putting stored bytes again writes nothing and keeps the
+    first put's `media_type`, `filename` and metadata. A read checks the bytes against the digest
+    (`ValueError` if they differ); reusing a blob (`touch`, and `put` of bytes already stored)
+    checks them too, and a corrupt row is written again with the bytes being put, so one damaged
+    blob never makes a new snapshot unreadable. Rows are addressed by
     digest, so there is no key strategy; `public_url` resolves URLs for blobs served elsewhere.
     A blob's touched time is `touched_at` (or `created_at` when it was never touched): `put` of
     stored bytes and `touch` set it; `delete_blob` checks it in its `DELETE` statement.
@@ -85,31 +115,55 @@ class SqlMediaStore(DatabaseStore):
 
         def write(transaction: Transaction) -> None:
             if not self._touch(transaction, row['digest']):
-                self._blobs.write(transaction, [row])
+                self._blobs.write(transaction, [row])  # writes the bytes again over a corrupt row
 
         await self._ready()
         await self._db.run(write, write=True)
         return uri
 
-    @staticmethod
-    def _touch(transaction: Transaction, digest: str) -> bool:
-        statement = update(media).where(media.c.digest == digest).values(touched_at=media_now())
-        return bool(transaction.execute(statement).rowcount)
+    def _touch(self, transaction: Transaction, digest: str) -> bool:
+        """Refresh the touched time of the blob if it is stored intact; `False` if it is missing or corrupt
+        (its bytes no longer hash to its digest: logged), so that its bytes are put again.
+
+        PostgreSQL hashes the stored bytes itself (`sha256()`), in the same statement; on SQLite, a
+        local file, they are read and hashed here.
+        """
+        now = media_now()
+        if self._db.dialect_name == 'postgresql':
+            intact = func.encode(func.sha256(media.c.data), 'hex') == media.c.digest
+            touched = update(media).where(media.c.digest == digest, intact).values(touched_at=now)
+            if transaction.execute(touched).rowcount:
+                return True
+            found = transaction.execute(select(media.c.digest).where(media.c.digest == digest)).first() is not None
+        else:
+            row = transaction.execute(select(media.c.data).where(media.c.digest == digest)).first()
+            found = row is not None
+            if found and _hashes_to(row[0], digest):
+                transaction.execute(update(media).where(media.c.digest == digest).values(touched_at=now))
+                return True
+        if found:
+            logger.warning('blob media+sha256://%s is corrupt: its stored bytes will be written again', digest)
+        return False
 
     async def touch(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
+        """`True` if the blob is stored intact (its touched time refreshed); `False` if it is missing or its
+        stored bytes are corrupt, so that a caller reusing it puts it again (which repairs the row)."""
+        require_text('uri', uri)
         digest = parse_media_uri(uri)
         await self._ready()
         return await self._db.run(lambda transaction: self._touch(transaction, digest), write=True)
 
     async def list_blobs(self) -> AsyncIterator[StoredBlob]:
-        statement = select(media.c.digest, func.coalesce(media.c.touched_at, media.c.created_at))
+        """Every blob row; one whose digest or touched time cannot be read is logged and left out (so
+        collection never deletes it)."""
         await self._ready()
-        rows = await self._db.run(lambda transaction: transaction.execute(statement).all(), write=False)
-        for digest, touched in rows:
-            yield StoredBlob(f'media+sha256://{digest}', digest, touched)
+        rows = await self._db.run(partial(fetch, statement=_BLOBS), write=False)
+        for row in read_each(rows, _blob_name, _stored_blob):
+            yield row
 
     async def delete_blob(self, blob: StoredBlob, *, touched_before: datetime | None = None) -> bool:
         """Delete the row; with `touched_before`, in the same statement that checks its touched time."""
+        require_text('blob.key', blob.key)
         statement = delete(media).where(media.c.digest == blob.key)
         if touched_before is not None:
             statement = statement.where(func.coalesce(media.c.touched_at, media.c.created_at) < touched_before)
@@ -117,16 +171,22 @@ class SqlMediaStore(DatabaseStore):
         return await self._db.run(lambda transaction: bool(transaction.execute(statement).rowcount), write=True)
 
     async def _column(self, uri: str, column: str) -> Any:
-        """The blob's value in `column`; `FileNotFoundError` if there is no such blob."""
-        statement = select(media.c[column]).where(media.c.digest == parse_media_uri(uri))
+        """The blob's value in `column` (`Unreadable` if it cannot be decoded); `FileNotFoundError` if there
+        is no such blob."""
+        require_text('uri', uri)
+        statement = select(readable(media.c[column])).where(media.c.digest == parse_media_uri(uri))
         await self._ready()
-        row = await self._db.run(lambda transaction: transaction.execute(statement).first(), write=False)
+        found = await self._db.run(partial(fetch, statement=statement), write=False)
+        row = found[0] if found else None
         if row is None:
             raise FileNotFoundError(f'blob {uri} is not in the media table of {self._db.description}')
         return row[0]
 
     async def get(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bytes:
-        return check_digest(uri, bytes(await self._column(uri, 'data')))
+        data = await self._column(uri, 'data')
+        if not isinstance(data, bytes | bytearray | memoryview):
+            raise ValueError(f'blob {uri} is corrupt: its row holds {type(data).__name__}, not bytes')
+        return check_digest(uri, bytes(data))
 
     async def exists(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
         try:
@@ -136,10 +196,13 @@ class SqlMediaStore(DatabaseStore):
         return True
 
     async def public_url(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str | None:
+        require_text('uri', uri)
         return await resolve_public_url(self._public_url, uri, context)
 
     async def get_metadata(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Mapping[str, str]:
         metadata = await self._column(uri, 'metadata')
+        if isinstance(metadata, Unreadable):
+            raise ValueError(f'metadata of blob {uri} is unreadable: {metadata.error!r}')
         if not isinstance(metadata, dict) or not all(
             isinstance(key, str) and isinstance(value, str) for key, value in metadata.items()
         ):

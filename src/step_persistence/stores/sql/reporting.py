@@ -7,16 +7,26 @@ to `VIEWS`, a metadata of their own, so the schema's `Base.metadata` (what the m
 `create_all` deal with) does not contain them. `read_report` reads every run's `RunSummary` and
 every tool's `ToolStats` from the views in one transaction: the figures `step_persistence.reporting`
 computes through the protocol, in two queries instead of several reads per run.
+
+Damaged rows (values set behind the store's back) are skipped and logged like in every other read:
+a view row whose instant, run id or tool name cannot be read is left out. When the database
+cannot compute the views at all over a damaged value (PostgreSQL refuses to subtract an infinite
+timestamp), the figures are computed through the protocol instead, which skips the damaged rows.
 """
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import Column, Float, Integer, MetaData, String, Table, select
+from sqlalchemy.exc import DBAPIError
 
-from step_persistence.reporting import RunSummary, ToolStats
+from step_persistence._reading import logger, read_each
+from step_persistence.reporting import RunSummary, ToolStats, summarize_runs, tool_stats
+from step_persistence.stores.sql.database import is_data_exception
 from step_persistence.stores.sql.executors import Transaction
+from step_persistence.stores.sql.rows import fetch, readable, require_readable
 from step_persistence.stores.sql.schema import runs
 from step_persistence.stores.sql.store import SqlStepStore
 from step_persistence.stores.sql.types import DateTimeUTC
@@ -67,13 +77,40 @@ async def read_report(store: SqlStepStore) -> tuple[list[RunSummary], list[ToolS
     upgrades the schema first when the store migrates automatically.
     """
     database = await store.ready_database()
-    summaries = (
-        select(run_summary).join(runs, runs.c.run_id == run_summary.c.run_id).order_by(runs.c.started_at, runs.c.id)
-    )
 
     def read(transaction: Transaction) -> tuple[list[Any], list[Any]]:
-        return list(transaction.execute(summaries)), list(transaction.execute(select(tool_call_stats)))
+        return fetch(transaction, _SUMMARIES), fetch(transaction, _STATS)
 
-    summary_rows, stats_rows = await database.run(read, write=False)
-    stats = sorted((ToolStats(**row._asdict()) for row in stats_rows), key=lambda row: row.tool_name)
-    return [RunSummary(**row._asdict()) for row in summary_rows], stats
+    try:
+        summary_rows, stats_rows = await database.run(read, write=False)
+    except DBAPIError as error:
+        if not is_data_exception(error):
+            raise
+        logger.warning('the reporting views cannot be computed over a damaged value (%r): reading run by run', error)
+        return await summarize_runs(store), await tool_stats(store)
+    stats = read_each(stats_rows, lambda row: f'tool statistics of {row.tool_name!r}', _tool_stats)
+    summaries = read_each(summary_rows, lambda row: f'summary of run {row.run_id!r}', _run_summary)
+    return summaries, sorted(stats, key=lambda row: row.tool_name)
+
+
+_SUMMARIES = (
+    select(*(readable(column) for column in run_summary.columns))
+    .join_from(run_summary, runs, runs.c.run_id == run_summary.c.run_id)
+    .order_by(runs.c.started_at, runs.c.id)
+)
+_STATS = select(tool_call_stats)
+
+
+def _run_summary(row: Any) -> RunSummary:
+    values = row._asdict()
+    require_readable(values, ('started_at', 'ended_at'))
+    if not isinstance(values['run_id'], str) or not isinstance(values['started_at'], datetime):
+        raise ValueError(f'malformed run id {values["run_id"]!r} or start {values["started_at"]!r}')
+    return RunSummary(**values)
+
+
+def _tool_stats(row: Any) -> ToolStats:
+    values = row._asdict()
+    if not isinstance(values['tool_name'], str):
+        raise ValueError(f'malformed tool name {values["tool_name"]!r}')
+    return ToolStats(**values)

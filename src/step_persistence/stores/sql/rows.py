@@ -1,4 +1,11 @@
-"""Records to table rows and back; reading validates, so a bad stored value raises `ValueError`."""
+"""Records to table rows and back; reading validates, so a bad stored value raises `ValueError`.
+
+The columns a record is read from decode their values through `types.Tolerant`: a value its type
+cannot decode (damaged behind the store's back) arrives as `types.Unreadable`, and building the
+record raises `ValueError` naming the column, so the caller skips that row alone. On PostgreSQL a
+few values fail inside the driver instead, for the whole query; `fetch` then reads it again
+through `careful`, in a form that cannot fail there.
+"""
 
 from __future__ import annotations
 
@@ -6,22 +13,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import JSON, Text, cast, extract, type_coerce
+from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
+from step_persistence._reading import logger
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
+from step_persistence.stores.sql.types import DateTimeUTC, EpochInstant, JSONText, Tolerant, Unreadable
 
 __all__ = [
     'EVENT_COLUMNS',
     'EVENT_FIELDS',
+    'MAX_INDEXED_BYTES',
     'RUN_COLUMNS',
     'RUN_KEY',
     'SNAPSHOT_HEADER_COLUMNS',
     'TOOL_EFFECT_COLUMNS',
     'TOOL_EFFECT_FIELDS',
     'StoredHistory',
+    'careful',
     'event_from_row',
     'event_values',
+    'fetch',
+    'readable',
+    'require_indexable',
+    'require_readable',
     'run_from_row',
     'run_values',
     'snapshot_header_from_row',
@@ -29,6 +47,36 @@ __all__ = [
     'tool_effect_from_row',
     'tool_effect_values',
 ]
+
+MAX_INDEXED_BYTES = 1024
+"""The most UTF-8 bytes of an id or key the store indexes (`run_id`, `conversation_id`, `parent_run_id`,
+`tool_call_id`, idempotency keys), on both dialects alike. A PostgreSQL btree entry holds at most 2704
+bytes (after compression, which random text defeats), and the widest index holds two such values."""
+
+_INDEXED_FIELDS: dict[type, tuple[str, ...]] = {
+    RunRecord: ('run_id', 'conversation_id', 'parent_run_id'),
+    StepEvent: ('run_id', 'idempotency_key'),
+    ContinuableSnapshot: ('run_id', 'idempotency_key'),
+    ToolEffectRecord: ('run_id', 'tool_call_id'),
+}
+
+
+def require_indexable(record: RunRecord | StepEvent | ContinuableSnapshot | ToolEffectRecord) -> None:
+    """Raise `ValueError` if an indexed id or key of `record` is longer than `MAX_INDEXED_BYTES` in UTF-8.
+
+    Checked before anything is written; a string of at most a quarter as many characters needs no
+    encoding to be known short enough.
+    """
+    for name in _INDEXED_FIELDS[type(record)]:
+        value = getattr(record, name)
+        if value is not None and len(value) > MAX_INDEXED_BYTES // 4:
+            size = len(value.encode('utf-8', 'surrogatepass'))
+            if size > MAX_INDEXED_BYTES:
+                raise ValueError(
+                    f'{name} is {size} bytes long in UTF-8; the SQL store indexes it and takes at most '
+                    f'{MAX_INDEXED_BYTES}: nothing was written'
+                )
+
 
 RUN_KEY = 'run'
 """The parameter naming the run of an event, tool effect or snapshot key (see `statements.py`)."""
@@ -70,11 +118,67 @@ TOOL_EFFECT_FIELDS = (
     'effect_summary',
 )
 
-RUN_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(runs.c[name] for name in _RUN_FIELDS)
-EVENT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(events.c[name] for name in EVENT_FIELDS)
-TOOL_EFFECT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(tool_effects.c[name] for name in TOOL_EFFECT_FIELDS)
+_CAREFUL: dict[ColumnElement[Any], ColumnElement[Any]] = {}
+"""Each readable column whose value the PostgreSQL driver decodes itself -> the same value read carefully."""
+
+
+def readable(column: ColumnElement[Any], *, name: str | None = None) -> ColumnElement[Any]:
+    """`column` to select for a record (labelled `name`, by default its own): a value its type cannot
+    decode reads as `Unreadable`, not an error.
+
+    Only types that convert values on the way out are wrapped (instants and JSON documents); a
+    column of any other type is returned as it is.
+    """
+    column_type = column.type
+    if not isinstance(column_type, DateTimeUTC | JSON):
+        return column if name is None else column.label(name)
+    name = column.key if name is None else name
+    wrapped = type_coerce(column, Tolerant(column_type)).label(name)
+    if isinstance(column_type, DateTimeUTC):
+        _CAREFUL[wrapped] = type_coerce(extract('epoch', column), Tolerant(EpochInstant())).label(name)
+    else:
+        _CAREFUL[wrapped] = type_coerce(cast(column, Text), Tolerant(JSONText())).label(name)
+    return wrapped
+
+
+def careful(statement: Select[Any]) -> Select[Any]:
+    """`statement` with every readable instant read as seconds since the epoch and every JSON document as
+    text (PostgreSQL), so that the driver decodes neither and a damaged value makes only its row unreadable."""
+    columns = [_CAREFUL.get(column, column) for column in statement.selected_columns]
+    return statement.with_only_columns(*columns, maintain_column_froms=True)
+
+
+_DECODING_ERRORS = (ArithmeticError, RecursionError, ValueError)
+"""What asyncpg raises, for a whole query, for a value it cannot decode: an instant beyond Python's
+years or infinite (`OverflowError`), JSON nested deeper than Python decodes (`RecursionError`)."""
+
+
+def fetch(transaction: Transaction, statement: Select[Any]) -> list[Any]:
+    """Every row of `statement`; on PostgreSQL, read carefully (`careful`) if the driver could not decode a value."""
+    try:
+        return list(transaction.execute(statement))
+    except _DECODING_ERRORS as error:
+        if transaction.connection.dialect.name != 'postgresql':
+            raise
+        logger.warning('reading again value by value: the database driver could not decode a stored value (%r)', error)
+        return list(transaction.execute(careful(statement)))
+
+
+def require_readable(row: Mapping[str, Any], names: tuple[str, ...]) -> None:
+    """Raise `ValueError` naming the first of `names` whose value in `row` could not be decoded."""
+    for name in names:
+        value = row[name]
+        if type(value) is Unreadable:
+            raise ValueError(f'unreadable {name}: {value.error!r}')
+
+
+RUN_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(readable(runs.c[name]) for name in _RUN_FIELDS)
+EVENT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(readable(events.c[name]) for name in EVENT_FIELDS)
+TOOL_EFFECT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(
+    readable(tool_effects.c[name]) for name in TOOL_EFFECT_FIELDS
+)
 SNAPSHOT_HEADER_COLUMNS: tuple[ColumnElement[Any], ...] = (
-    *(snapshots.c[name] for name in _SNAPSHOT_FIELDS),
+    *(readable(snapshots.c[name]) for name in _SNAPSHOT_FIELDS),
     snapshots.c.history_length,
     snapshots.c.through_message,
 )
@@ -95,6 +199,7 @@ def run_values(record: RunRecord) -> dict[str, Any]:
 
 
 def run_from_row(row: Mapping[str, Any]) -> RunRecord:
+    require_readable(row, _RUN_FIELDS)
     return RunRecord.model_validate({name: row[name] for name in _RUN_FIELDS})
 
 
@@ -104,6 +209,7 @@ def event_values(event: StepEvent) -> dict[str, Any]:
 
 
 def event_from_row(row: Mapping[str, Any]) -> StepEvent:
+    require_readable(row, EVENT_FIELDS)
     return StepEvent.model_validate({name: row[name] for name in EVENT_FIELDS})
 
 
@@ -113,6 +219,7 @@ def tool_effect_values(record: ToolEffectRecord) -> dict[str, Any]:
 
 
 def tool_effect_from_row(row: Mapping[str, Any]) -> ToolEffectRecord:
+    require_readable(row, TOOL_EFFECT_FIELDS)
     return ToolEffectRecord.model_validate({name: row[name] for name in TOOL_EFFECT_FIELDS})
 
 
@@ -122,9 +229,18 @@ def snapshot_values(snapshot: ContinuableSnapshot, *, seq: int, history: StoredH
 
 
 def snapshot_header_from_row(row: Mapping[str, Any]) -> tuple[ContinuableSnapshot, StoredHistory]:
-    """The snapshot without messages, and the reference to its messages; `ValueError` for a malformed row."""
+    """The snapshot without messages, and the reference to its messages; `ValueError` for a malformed row.
+
+    A history of `length` messages uses rows numbered at least up to `length` (row `no` holds a
+    position below `no`, see `stores/_positions.py`), so a length beyond `through_message` is damage.
+    """
+    require_readable(row, _SNAPSHOT_FIELDS)
     header = ContinuableSnapshot.model_validate({**{name: row[name] for name in _SNAPSHOT_FIELDS}, 'messages': []})
     length, through = row['history_length'], row['through_message']
-    if not (isinstance(length, int) and isinstance(through, int) and length >= 0 and through >= 0):
+    if not (_is_int(length) and _is_int(through) and 0 <= length <= through):
         raise ValueError(f'malformed history reference: length {length!r}, through message {through!r}')
     return header, StoredHistory(length=length, through_message=through)
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -82,9 +82,12 @@ class SnapshotReads:
         message, and whatever the media store raises for a missing or corrupt blob.
         """
         positions = [row[0] for row in found]
-        if positions != list(range(history.length)):
-            missing = sorted(set(range(history.length)) - set(positions))
-            raise ValueError(f'no stored message at positions {missing[:10]} up to number {history.through_message}')
+        # Compared only once the lengths agree: the length is a stored value, the list of rows is bounded.
+        if len(positions) != history.length or positions != list(range(history.length)):
+            wrong = next((index for index, position in enumerate(positions) if position != index), len(positions))
+            raise ValueError(
+                f'no stored message at position {wrong} of {history.length} up to number {history.through_message}'
+            )
         trees = [await self._media.unpack_message(body, externalized=externalized) for _, body, externalized in found]
         return decode_messages(trees)
 
@@ -98,7 +101,7 @@ def _fetch(transaction: Transaction, run_id: str, query: Any) -> list[tuple[int,
     """Every snapshot row of `query`: its `seq`, and the row with its message rows, or `None` if its fields
     are unreadable (logged)."""
     fetched: list[tuple[int, _Fetched | None]] = []
-    for row in transaction.execute(query).all():
+    for row in rows.fetch(transaction, query):
         parsed = read_or_skip(
             f'snapshot {row.seq} of run {run_id!r}', partial(rows.snapshot_header_from_row, row._mapping)
         )
@@ -111,11 +114,16 @@ def _fetch(transaction: Transaction, run_id: str, query: Any) -> list[tuple[int,
 
 
 def _history_rows(transaction: Transaction, run_id: str, history: StoredHistory) -> list[Any]:
-    """The rows `(position, body, externalized)` that make up `history`, in position order (one query)."""
+    """The rows `(position, body, externalized)` that make up `history`, in position order (one query).
+
+    A row whose position is not a position (negative, or on SQLite not an integer: damaged behind
+    the store's back) belongs to no history, so that it never makes a later snapshot unreadable.
+    """
     newest = (
         select(messages.c.position, func.max(messages.c.no).label('no'))
         .where(
             messages.c.run_id == run_id,
+            messages.c.position >= 0,
             messages.c.position < history.length,
             messages.c.no <= history.through_message,
         )
@@ -127,4 +135,4 @@ def _history_rows(transaction: Transaction, run_id: str, history: StoredHistory)
         .join_from(messages, newest, and_(messages.c.run_id == run_id, messages.c.no == newest.c.no))
         .order_by(messages.c.position)
     )
-    return list(transaction.execute(statement).all())
+    return [row for row in transaction.execute(statement).all() if type(row[0]) is int]

@@ -225,6 +225,7 @@ class SnapshotSaves:
             row = transaction.execute(_RUN_ROW, {RUN_KEY: run_id}).first()
             if row is None:
                 return None
+            _require_counters(run_id, row.id, row.last_message_no)
             head = RunHead(incarnation=row.id)
             _catch_up(transaction, run_id, head, row.last_message_no)
             return head
@@ -280,6 +281,7 @@ class SnapshotSaves:
         if allocated is None:
             raise LookupError(f'run {run_id!r} is not registered')
         run_pk, seq, last_message_no = allocated
+        _require_counters(run_id, run_pk, seq, last_message_no)
         return _Allocation(run_pk=run_pk, seq=seq, after=last_message_no - reserved)
 
     def _claim_key(self, transaction: Transaction, snapshot: ContinuableSnapshot) -> bool:
@@ -343,9 +345,33 @@ class SnapshotSaves:
 
 
 def _catch_up(transaction: Transaction, run_id: str, head: RunHead, through: int) -> None:
-    """Advance `head` with the run's rows numbered after it, up to `through`."""
+    """Advance `head` with the run's rows numbered after it, up to `through`.
+
+    A row damaged behind the store's back (SQLite keeps any value in any column) changes nothing
+    but its own position: a number that is not an integer drops the row, a position that is not one
+    (or one the row cannot hold, which `RunHead.apply` logs) or a digest that is not text makes the
+    position be written again.
+    """
     found = transaction.execute(_ROWS_SINCE, {RUN_KEY: run_id, 'after': head.last_no, 'through': through})
-    head.apply(((no, position, digest) for no, position, digest in found), through=through)
+    head.apply(
+        (
+            (no, position if _is_int(position) else None, digest if isinstance(digest, str) else None)
+            for no, position, digest in found
+            if _is_int(no)
+        ),
+        through=through,
+    )
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_counters(run_id: str, run_pk: object, *counters: object) -> None:
+    """Raise `ValueError` unless the run row's key is an integer and its counters are integers from 0 (a
+    damaged row: SQLite keeps any value in any column)."""
+    if not (_is_int(run_pk) and all(_is_int(counter) and counter >= 0 for counter in counters)):  # type: ignore[operator]
+        raise ValueError(f'run {run_id!r} is damaged: its row holds {(run_pk, *counters)!r} as its key and counters')
 
 
 def _planned(

@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import and_, select
 
+from step_persistence._arguments import require_text
 from step_persistence._reading import read_each, read_or_skip
 from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection
@@ -126,24 +127,29 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
     # --- plumbing ---
 
     async def _read(self, statement: Any) -> list[Any]:
-        """The rows of one query, read in a transaction of its own."""
+        """The rows of one query, read in a transaction of its own (a value that cannot be decoded makes only
+        its row unreadable: `rows.fetch`)."""
         await self._ready()
-        return await self._db.run(lambda transaction: list(transaction.execute(statement)), write=False)
+        return await self._db.run(partial(rows.fetch, statement=statement), write=False)
 
     # --- runs ---
 
     async def register_run(self, record: RunRecord) -> None:
+        rows.require_indexable(record)
         await self._ready()
         run_pk = await self._db.run(partial(self._writes.register_run, record=record), write=True)
         self._snapshot_saves.registered(record.run_id, run_pk)
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
+        require_text('run_id', run_id)
         found = await self._read(select(*rows.RUN_COLUMNS).where(runs.c.run_id == run_id))
         return None if not found else read_or_skip(f'run {run_id!r}', partial(rows.run_from_row, found[0]._mapping))
 
     async def list_runs(
         self, *, parent_run_id: str | None = None, conversation_id: str | None = None
     ) -> list[RunRecord]:
+        require_text('parent_run_id', parent_run_id, optional=True)
+        require_text('conversation_id', conversation_id, optional=True)
         statement = select(*rows.RUN_COLUMNS).order_by(runs.c.started_at, runs.c.id)
         if parent_run_id is not None:
             statement = statement.where(runs.c.parent_run_id == parent_run_id)
@@ -154,10 +160,12 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
     # --- events ---
 
     async def append_event(self, event: StepEvent) -> None:
+        rows.require_indexable(event)
         await self._ready()
         await self._db.run(partial(self._writes.append_event, event=event), write=True)
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
+        require_text('run_id', run_id)
         statement = select(events.c.id, *rows.EVENT_COLUMNS).where(events.c.run_id == run_id).order_by(events.c.id)
         return read_each(
             await self._read(statement),
@@ -171,20 +179,25 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         await self.write_batch(StepWrites(snapshots=[snapshot]))
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
+        require_text('run_id', run_id)
         await self._ready()
         return await self._snapshot_reads.latest(run_id, include_interrupted=include_interrupted)
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
+        require_text('run_id', run_id)
         await self._ready()
         return await self._snapshot_reads.every(run_id, include_interrupted=include_interrupted)
 
     # --- tool effects ---
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        rows.require_indexable(record)
         await self._ready()
         await self._db.run(partial(self._writes.record_tool_effect, record=record), write=True)
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
+        require_text('run_id', run_id)
+        require_text('tool_call_id', tool_call_id)
         found = await self._read(
             select(*rows.TOOL_EFFECT_COLUMNS).where(
                 tool_effects.c.run_id == run_id, tool_effects.c.tool_call_id == tool_call_id
@@ -197,6 +210,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         )
 
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        require_text('run_id', run_id)
         return await self._tool_effects(
             run_id,
             select(*rows.TOOL_EFFECT_COLUMNS)
@@ -205,6 +219,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         )
 
     async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        require_text('run_id', run_id)
         return await self._tool_effects(run_id, sql_lifecycle.tool_effects_of_run(run_id))
 
     async def _tool_effects(self, run_id: str, query: Any) -> list[ToolEffectRecord]:
@@ -221,8 +236,15 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
 
         Messages that the snapshots add are packed first (their blobs staged for this transaction
         or, for a media store elsewhere, stored); if another writer of a run got in between, the
-        packing and the transaction are done again (see `snapshot_saves.py`).
+        packing and the transaction are done again (see `snapshot_saves.py`). `ValueError`, before anything
+        is written, for an id or key longer than `rows.MAX_INDEXED_BYTES`.
         """
+        for effect in writes.tool_effects:
+            rows.require_indexable(effect)
+        for event in writes.events:
+            rows.require_indexable(event)
+        for snapshot in writes.snapshots:
+            rows.require_indexable(snapshot)
         await self._ready()
         await self._snapshot_saves.write_batch(writes)
 
@@ -230,6 +252,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
         """Delete the run (with `cascade`, its delegated runs too) in one transaction."""
+        require_text('run_id', run_id)
         await self._ready()
         deleted = await self._db.run(
             partial(sql_lifecycle.delete_runs, writes=self._writes, run_id=run_id, cascade=cascade), write=True

@@ -9,21 +9,29 @@
   `JSON` on PostgreSQL too (not `JSONB`): `json` keeps the text exactly as written, so a message
   reads back with its original key order (tool-call arguments included) and a continued run
   sends the provider the same bytes as the original one.
+
+Reading a damaged value (set behind the store's back: text that is not JSON or not an instant on
+SQLite, an infinite instant or one outside Python's years on PostgreSQL) must not fail the whole
+query it is in. The store reads such columns through `Tolerant`, which gives `Unreadable` for a
+value its type cannot decode, so that the row is skipped (and logged) alone; on PostgreSQL, whose
+driver decodes JSON and instants itself, `EpochInstant` and `JSONText` read them again in a form
+that cannot fail in the driver (see `rows.careful`).
 """
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+import json
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, DateTime
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
-from sqlalchemy.types import TypeDecorator, TypeEngine
+from sqlalchemy.types import NullType, TypeDecorator, TypeEngine
 
 from step_persistence.records import require_utc
 
-__all__ = ['JSON_DOCUMENT', 'DateTimeUTC', 'EncodedJSON']
+__all__ = ['JSON_DOCUMENT', 'DateTimeUTC', 'EncodedJSON', 'EpochInstant', 'JSONText', 'Tolerant', 'Unreadable']
 
 JSON_DOCUMENT: TypeEngine[Any] = JSON().with_variant(JSONB(), 'postgresql')
 """A JSON document column: `JSON`, or `JSONB` on PostgreSQL."""
@@ -46,7 +54,13 @@ class DateTimeUTC(TypeDecorator[datetime]):
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
             return None
-        return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        if value.tzinfo is not None:
+            return value.astimezone(UTC)
+        if dialect.name == 'postgresql':
+            # asyncpg gives aware values for `timestamptz`, except for 'infinity' and '-infinity' (naive
+            # `datetime.max` and `datetime.min`): never an instant the store wrote.
+            raise ValueError(f'an infinite timestamp ({value.isoformat()} as the driver reads it)')
+        return value.replace(tzinfo=UTC)
 
 
 class EncodedJSON(TypeDecorator[Any]):
@@ -62,3 +76,72 @@ class EncodedJSON(TypeDecorator[Any]):
             return value
 
         return process
+
+
+class Unreadable:
+    """A stored value that its column's type could not decode (what `Tolerant` gives instead of raising)."""
+
+    __slots__ = ('error',)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+    def __repr__(self) -> str:
+        return f'Unreadable({self.error!r})'
+
+
+class Tolerant(TypeDecorator[Any]):
+    """`wrapped`'s result processing, except that a value it cannot decode reads as `Unreadable`.
+
+    For reading only (`type_coerce(column, Tolerant(column.type))`): one damaged value then makes
+    its row unreadable, not the query.
+    """
+
+    impl = NullType
+    cache_ok = True
+
+    def __init__(self, wrapped: TypeEngine[Any]) -> None:
+        super().__init__()
+        self.wrapped = wrapped
+
+    def result_processor(self, dialect: Dialect, coltype: object) -> Any:
+        process = self.wrapped.dialect_impl(dialect).result_processor(dialect, coltype)
+        if process is None:
+            return None
+
+        def tolerant(value: Any) -> Any:
+            try:
+                return process(value)
+            except Exception as error:  # RecursionError (JSON nested too deep) included
+                return Unreadable(error)
+
+        return tolerant
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+class EpochInstant(TypeDecorator[datetime]):
+    """An instant read as seconds since the epoch (PostgreSQL's exact `EXTRACT(EPOCH FROM ...)`).
+
+    `OverflowError` for an infinite instant or one outside Python's years 1 to 9999, which asyncpg
+    cannot decode as a `datetime` at all (it fails the whole query).
+    """
+
+    impl = NullType
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return _EPOCH + timedelta(microseconds=round(value * 1_000_000))
+
+
+class JSONText(TypeDecorator[Any]):
+    """A JSON document read as its text and decoded here (`RecursionError` for one nested too deep)."""
+
+    impl = NullType
+    cache_ok = True
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
