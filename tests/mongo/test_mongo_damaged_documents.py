@@ -339,3 +339,17 @@ async def test_collect_media_goes_past_damaged_documents(scratch: Scratch, writt
     assert await read_run(fresh, 'other') == written.before['other']
     assert [entry[0] for entry in (await read_run(fresh, 'victim'))['list_snapshots']] == [1]
     assert await db['messages'].count_documents({'_id': 'not an ObjectId'}) == 1  # its age is unknown: kept
+
+
+@pytest.mark.parametrize('seq', [2.5, '2', [0.5, 2.5], True], ids=repr)
+async def test_latest_snapshot_pages_past_a_damaged_seq(scratch: Scratch, seq: Any) -> None:
+    database = scratch.fresh_database()
+    store = store_in(scratch, database)
+    await store.register_run(RunRecord(run_id='deep'))
+    for turns in range(1, 7):
+        await store.save_snapshot(snapshot('deep', turns))
+    snapshots = scratch.client[database]['snapshots']
+    await snapshots.update_many({'seq': {'$gte': 4}}, {'$set': {'history_length': 'unreadable'}})
+    await snapshots.update_one({'seq': 3}, {'$set': {'seq': seq}})
+    latest = await store_in(scratch, database).latest_snapshot(run_id='deep')
+    assert latest is not None and latest.seq == 2

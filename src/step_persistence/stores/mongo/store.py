@@ -221,17 +221,22 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         return await self._order.read(run_id, partial(self._latest_snapshot, run_id, include_interrupted))
 
     async def _latest_snapshot(self, run_id: str, include_interrupted: bool) -> ContinuableSnapshot | None:
-        query = self._snapshot_query(run_id, include_interrupted)
+        matching = self._snapshot_query(run_id, include_interrupted)
+        query, offset = matching, 0
         while True:
-            page = await self._snapshots.find(query).sort('seq', DESCENDING).limit(_LATEST_PAGE).to_list(None)
+            cursor = self._snapshots.find(query).sort([('seq', DESCENDING), ('_id', DESCENDING)])
+            page = await cursor.skip(offset).limit(_LATEST_PAGE).to_list(None)
             for document in page:
                 snapshot = await self._snapshot(run_id, document)
                 if snapshot is not None:
                     return snapshot
-            oldest = page[-1].get('seq') if len(page) == _LATEST_PAGE else None
-            if not isinstance(oldest, int):
+            if len(page) < _LATEST_PAGE:
                 return None
-            query = {**query, 'seq': {'$lt': oldest}}
+            oldest = page[-1].get('seq')
+            if isinstance(oldest, int) and not isinstance(oldest, bool):
+                query, offset = {**matching, 'seq': {'$lt': oldest}}, 0
+            else:  # a damaged seq (text, a fraction, a list) is no bound: page on past it
+                offset += _LATEST_PAGE
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Retained matching snapshots in sequence order; unreadable ones are skipped and logged."""
