@@ -1,17 +1,56 @@
-"""Bad input: records refuse naive datetimes and unknown literal values."""
+"""Bad input: records refuse naive datetimes and unknown literal values; stores refuse ids that are not strings."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from datetime import datetime
+from typing import Any
 
 import pytest
 
+from step_persistence.protocol import StepStore
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent
 from step_persistence.testing.conformance.shared import ConformanceBase, _effect
 
+NOT_TEXT: tuple[object, ...] = ({'$ne': None}, {'$gt': ''}, 5, ['r'], b'r')
+"""Values a caller (or a model) might pass as an id: query operators, numbers, lists, bytes."""
+
+
+def _id_reads(store: StepStore, value: Any) -> dict[str, Callable[[], Awaitable[object]]]:
+    """Every read or delete of the protocol, with `value` as one of its id or filter arguments."""
+    return {
+        'get_run(run_id)': lambda: store.get_run(run_id=value),
+        'list_runs(parent_run_id)': lambda: store.list_runs(parent_run_id=value),
+        'list_runs(conversation_id)': lambda: store.list_runs(conversation_id=value),
+        'list_events(run_id)': lambda: store.list_events(run_id=value),
+        'latest_snapshot(run_id)': lambda: store.latest_snapshot(run_id=value),
+        'list_snapshots(run_id)': lambda: store.list_snapshots(run_id=value),
+        'get_tool_effect(run_id)': lambda: store.get_tool_effect(run_id=value, tool_call_id='c'),
+        'get_tool_effect(tool_call_id)': lambda: store.get_tool_effect(run_id='r', tool_call_id=value),
+        'list_unresolved_tool_effects(run_id)': lambda: store.list_unresolved_tool_effects(run_id=value),
+        'list_tool_effects(run_id)': lambda: store.list_tool_effects(run_id=value),
+        'delete_run(run_id)': lambda: store.delete_run(run_id=value),
+    }
+
 
 class BadInputConformance(ConformanceBase):
-    """Records that refuse bad input."""
+    """Records and stores that refuse bad input."""
+
+    @pytest.mark.parametrize('value', NOT_TEXT, ids=repr)
+    async def test_ids_and_filters_that_are_not_strings_raise_type_error(self, store: StepStore, value: object) -> None:
+        await self._register(store, 'r', conversation_id='c', parent_run_id='p')
+        await store.record_tool_effect(_effect('r', 'c'))
+        outcomes: dict[str, str] = {}
+        for call, read in _id_reads(store, value).items():
+            try:
+                await read()
+            except TypeError as error:
+                outcomes[call] = 'refused' if 'must be a string' in str(error) else repr(error)
+            else:
+                outcomes[call] = 'accepted'
+        assert outcomes == dict.fromkeys(outcomes, 'refused')
+        assert [record.run_id for record in await store.list_runs()] == ['r']
+        assert await store.get_tool_effect(run_id='r', tool_call_id='c') is not None
 
     async def test_naive_datetimes_are_rejected(self) -> None:
         naive = datetime(2026, 1, 1, 12, 0)
