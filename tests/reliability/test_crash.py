@@ -58,7 +58,13 @@ async def check_recovery(store: StepStore, ledger: RunLedger, child: ChildRun) -
     assert observed in candidates, f'killed at {child.killed_at}:\nstore: {observed}\nallowed: {candidates}'
     assert (run_id in {run.run_id for run in await store.list_runs()}) == observed.registered
 
-    report = await inspect_recovery(store=store, run_id=run_id)
+    if not observed.registered:  # killed before the registration committed: there is nothing to recover
+        with pytest.raises(LookupError):
+            await inspect_recovery(store, run_id=run_id)
+        with pytest.raises(LookupError):
+            await continue_run(store, run_id=run_id)
+        return observed
+    report = await inspect_recovery(store, run_id=run_id)
     unresolved = {effect.tool_call_id for effect in report.unresolved_effects}
     assert unresolved == observed.unresolved
     assert {effect.tool_call_id for effect in await store.list_unresolved_tool_effects(run_id=run_id)} == unresolved
