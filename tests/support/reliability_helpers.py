@@ -23,9 +23,14 @@ EXAMPLES = settings(
 
 
 async def for_examples(
-    strategy: st.SearchStrategy[Any], check: Callable[[Any], Awaitable[None]], *, always: Sequence[Any] = ()
+    strategy: st.SearchStrategy[Any],
+    check: Callable[[Any], Awaitable[None]],
+    *,
+    always: Sequence[Any] = (),
+    max_examples: int = EXAMPLES.max_examples,
 ) -> None:
-    """Run `check` on `always`, then on examples of `strategy`, on this event loop (where the stores live).
+    """Run `check` on `always`, then on `max_examples` examples of `strategy`, on this event loop (where the
+    stores live).
 
     Hypothesis drives a synchronous function in a worker thread, which hands each example back.
     """
@@ -35,7 +40,7 @@ async def for_examples(
 
     for value in always:
         run = example(value=value)(run)
-    await anyio.to_thread.run_sync(EXAMPLES(given(value=strategy)(run)))
+    await anyio.to_thread.run_sync(settings(EXAMPLES, max_examples=max_examples)(given(value=strategy)(run)))
 
 
 # --- the sentinel: a run that must never change ---
