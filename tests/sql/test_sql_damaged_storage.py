@@ -1,4 +1,4 @@
-"""Stored data damaged so that trusting it would cost dearly (issue 16, items 5 and 6), on SQLite and PostgreSQL.
+"""Stored data damaged so that trusting it would cost dearly (issue 16, items 3, 5 and 6), on SQLite and PostgreSQL.
 
 - A blob whose bytes were changed (one byte flipped, same length) is never reused as it is: a save of
   the same payload writes the bytes again, so the new snapshot reads back exactly (and the old ones
@@ -8,6 +8,8 @@
   claiming 5 000 000 messages. Reads and later saves of the run stay within a few megabytes, the
   damaged row or snapshot is skipped and logged, everything else reads back exactly, and a later
   snapshot of the run is not made unreadable by the damaged row.
+- A message body changed behind the store's back (one character, still a valid message) is never
+  returned as the message: the snapshots that use it are skipped and logged.
 """
 
 from __future__ import annotations
@@ -165,3 +167,23 @@ async def test_a_damaged_position_or_length_allocates_nothing_and_hides_nothing_
         await bounded(lambda: store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=4, messages=saved)))
         latest = await store.latest_snapshot(run_id='r')
         assert latest is not None and latest.step_index == 4 and dump(latest.messages) == dump(saved)
+
+
+# --- nothing tampered returned as true ---
+
+
+async def test_a_message_changed_behind_the_stores_back_is_never_returned(
+    empty_database: EmptyDatabase, engine: AsyncEngine, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with SqlStepStore(empty_database.url) as store:
+        await write_run(store)
+    # One character of a message every snapshot uses, same length: valid JSON, a valid message.
+    if empty_database.dialect == 'sqlite':
+        await execute(engine, "UPDATE messages SET body = REPLACE(body, 'start  ', 'START  ')")
+    else:
+        await execute(engine, "UPDATE messages SET body = REPLACE(body::text, 'start  ', 'START  ')::json")
+    async with SqlStepStore(empty_database.url) as store:
+        with caplog.at_level(logging.WARNING, logger='step_persistence'):
+            assert await store.list_snapshots(run_id='r') == []
+            assert await store.latest_snapshot(run_id='r') is None
+        assert any('does not match its digest' in record.getMessage() for record in caplog.records)

@@ -22,6 +22,7 @@ from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
+from step_persistence.stores.sql.rows import fetch
 from step_persistence.stores.sql.schema import messages, snapshots
 
 __all__ = ['collect_media']
@@ -57,8 +58,9 @@ def _delete_unused(transaction: Transaction) -> int:
 
 def _references(transaction: Transaction) -> set[str]:
     found: set[str] = set()
-    for (body,) in transaction.execute(_EXTERNALIZED_BODIES):
-        found |= uris_in(body)
+    for (body,) in fetch(transaction, _EXTERNALIZED_BODIES):
+        if isinstance(body, str):  # a body that is not text (damaged: `Unreadable`) refers to nothing readable
+            found |= uris_in(body)
     return found
 
 

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import JSON, Text, cast, extract, type_coerce
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -152,16 +153,42 @@ _DECODING_ERRORS = (ArithmeticError, RecursionError, ValueError)
 """What asyncpg raises, for a whole query, for a value it cannot decode: an instant beyond Python's
 years or infinite (`OverflowError`), JSON nested deeper than Python decodes (`RecursionError`)."""
 
+_SQLITE_UNDECODABLE = 'Could not decode to UTF-8'
+"""What Python's `sqlite3` raises, for a whole query, for a text value that is not UTF-8."""
 
-def fetch(transaction: Transaction, statement: Select[Any]) -> list[Any]:
-    """Every row of `statement`; on PostgreSQL, read carefully (`careful`) if the driver could not decode a value."""
+
+def fetch(transaction: Transaction, statement: Select[Any], parameters: Mapping[str, Any] | None = None) -> list[Any]:
+    """Every row of `statement`, even when the driver cannot decode a stored value (damaged behind the
+    store's back), which it would otherwise raise for the whole query.
+
+    Read again, then: on PostgreSQL through `careful`; on SQLite with text that is not UTF-8 read as
+    `Unreadable` (the row's record then fails to build, alone).
+    """
     try:
-        return list(transaction.execute(statement))
+        return list(transaction.execute(statement, parameters))
     except _DECODING_ERRORS as error:
         if transaction.connection.dialect.name != 'postgresql':
             raise
         logger.warning('reading again value by value: the database driver could not decode a stored value (%r)', error)
-        return list(transaction.execute(careful(statement)))
+        return list(transaction.execute(careful(statement), parameters))
+    except DBAPIError as error:
+        if transaction.connection.dialect.name != 'sqlite' or _SQLITE_UNDECODABLE not in str(error.orig):
+            raise
+        logger.warning('reading again value by value: a stored text is not UTF-8 (%s)', error.orig)
+        driver: Any = transaction.connection.connection.driver_connection  # sqlite3 or aiosqlite: both take it
+        previous = driver.text_factory
+        driver.text_factory = _text_or_unreadable
+        try:
+            return list(transaction.execute(statement, parameters))
+        finally:
+            driver.text_factory = previous
+
+
+def _text_or_unreadable(data: bytes) -> str | Unreadable:
+    try:
+        return data.decode('utf-8')
+    except UnicodeDecodeError as error:
+        return Unreadable(error)
 
 
 def require_readable(row: Mapping[str, Any], names: tuple[str, ...]) -> None:

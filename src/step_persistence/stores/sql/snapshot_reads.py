@@ -9,6 +9,7 @@ after the transaction. A snapshot whose fields or messages cannot be read is log
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -78,8 +79,9 @@ class SnapshotReads:
     async def _messages(self, history: StoredHistory, found: Sequence[Any]) -> list[ModelMessage]:
         """The messages of `history` from its fetched rows, media put back.
 
-        Raises `ValueError` when a position has no row (damaged or removed rows) or a body is not a
-        message, and whatever the media store raises for a missing or corrupt blob.
+        Raises `ValueError` when a position has no row (damaged or removed rows), a body stored as it
+        is does not hash to its digest or is not a message, and whatever the media store raises for a
+        missing or corrupt blob.
         """
         positions = [row[0] for row in found]
         # Compared only once the lengths agree: the length is a stored value, the list of rows is bounded.
@@ -88,7 +90,16 @@ class SnapshotReads:
             raise ValueError(
                 f'no stored message at position {wrong} of {history.length} up to number {history.through_message}'
             )
-        trees = [await self._media.unpack_message(body, externalized=externalized) for _, body, externalized in found]
+        for position, body, externalized, digest in found:
+            # Stored as it is, a message's body is the encoding its digest is of: a body changed behind
+            # the store's back is never returned as the message. (An externalized body is checked
+            # through its blobs' digests.)
+            if not externalized and not _is_encoding_of(body, digest):
+                raise ValueError(f'the message at position {position} does not match its digest')
+        trees = [
+            await self._media.unpack_message(body, externalized=bool(externalized))
+            for _, body, externalized, _ in found
+        ]
         return decode_messages(trees)
 
 
@@ -131,8 +142,12 @@ def _history_rows(transaction: Transaction, run_id: str, history: StoredHistory)
         .subquery('newest')
     )
     statement = (
-        select(messages.c.position, cast(messages.c.body, Text), messages.c.externalized)
+        select(messages.c.position, cast(messages.c.body, Text), messages.c.externalized, messages.c.digest)
         .join_from(messages, newest, and_(messages.c.run_id == run_id, messages.c.no == newest.c.no))
         .order_by(messages.c.position)
     )
-    return [row for row in transaction.execute(statement).all() if type(row[0]) is int]
+    return [row for row in rows.fetch(transaction, statement) if type(row[0]) is int]
+
+
+def _is_encoding_of(body: object, digest: object) -> bool:
+    return isinstance(body, str) and hashlib.sha256(body.encode('utf-8', 'surrogatepass')).hexdigest() == digest

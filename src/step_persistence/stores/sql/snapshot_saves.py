@@ -352,7 +352,7 @@ def _catch_up(transaction: Transaction, run_id: str, head: RunHead, through: int
     (or one the row cannot hold, which `RunHead.apply` logs) or a digest that is not text makes the
     position be written again.
     """
-    found = transaction.execute(_ROWS_SINCE, {RUN_KEY: run_id, 'after': head.last_no, 'through': through})
+    found = rows.fetch(transaction, _ROWS_SINCE, {RUN_KEY: run_id, 'after': head.last_no, 'through': through})
     head.apply(
         (
             (no, position if _is_int(position) else None, digest if isinstance(digest, str) else None)
