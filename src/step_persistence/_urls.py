@@ -34,10 +34,12 @@ def url_scheme(url: str) -> str | None:
 def redact_url(url: str) -> str:
     """`url` with every password (userinfo or password-like query parameter) replaced by `***`.
 
-    Anything that is not one URL (a message quoting URLs, for instance) goes through `redact_text`.
+    A string that does not start with `scheme://` (a message quoting URLs, for instance) goes
+    through `redact_text`; one that does is taken whole as the URL, so a password holding a space
+    is hidden too.
     """
     found = _SCHEME.match(url)
-    if found is None or any(character.isspace() for character in url):
+    if found is None:
         return redact_text(url)
     scheme, rest = found.group(), url[found.end() :]
     authority_end = min((rest.index(mark) for mark in '/?#' if mark in rest), default=len(rest))

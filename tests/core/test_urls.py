@@ -20,6 +20,7 @@ SECRET = 'Wr/ong?Se#cret@8'
         ('MONGODB://admin:MongoSecret3@h/db', 'MONGODB://admin:***@h/db'),
         ('postgresql://u@h/d?sslpassword=k&PGPASSWORD=j', 'postgresql://u@h/d?sslpassword=***&PGPASSWORD=***'),
         ('file:///tmp/runs', 'file:///tmp/runs'),
+        ('postgresql://a:Mongo Secret3@h/db', 'postgresql://a:***@h/db'),
         ('not a url', 'not a url'),
     ],
 )

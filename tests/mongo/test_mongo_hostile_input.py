@@ -208,9 +208,6 @@ async def test_a_url_never_shows_its_password(
     assert said.leaks() == []
 
 
-@pytest.mark.xfail(
-    strict=True, reason='_urls.redact_url leaves a password holding whitespace as it is (shared redactor, lead)'
-)
 def test_a_refused_url_hides_a_password_holding_a_space() -> None:
     with pytest.raises(ValueError, match='mongodb://') as refused:
         MongoStepStore(db_url=f'postgresql://admin:Mongo {MARKER}@host/db', database='db')
