@@ -141,9 +141,12 @@ def asyncpg_arguments(url: URL) -> tuple[URL, dict[str, Any]]:
     query = url.query
     unknown = sorted(set(query) - POSTGRES_PARAMETERS)
     if unknown:
+        hint = ''
+        if 'schema' in unknown:
+            hint = ' (pass the schema as schema=; from_spec and the command line read ?schema=)'
         raise ValueError(
-            f'unsupported PostgreSQL URL parameter {", ".join(map(repr, unknown))}; supported: '
-            f'{", ".join(sorted(POSTGRES_PARAMETERS))} (see docs/sql.md)'
+            f'unsupported PostgreSQL URL parameter {", ".join(map(repr, unknown))}{hint}; supported: '
+            f'{", ".join(sorted(POSTGRES_PARAMETERS))}'
         )
     values: dict[str, str] = {}
     for name, value in query.items():
