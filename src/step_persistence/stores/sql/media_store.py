@@ -34,6 +34,9 @@ from step_persistence.stores.sql.types import Unreadable
 __all__ = ['SqlMediaStore']
 
 
+_READABLE = {name: readable(media.c[name]) for name in ('data', 'digest', 'metadata')}
+"""The columns a read of one blob selects (built once: `readable` registers what it builds)."""
+
 _BLOBS = select(media.c.digest, readable(func.coalesce(media.c.touched_at, media.c.created_at), name='touched'))
 
 
@@ -174,7 +177,7 @@ class SqlMediaStore(DatabaseStore):
         """The blob's value in `column` (`Unreadable` if it cannot be decoded); `FileNotFoundError` if there
         is no such blob."""
         require_text('uri', uri)
-        statement = select(readable(media.c[column])).where(media.c.digest == parse_media_uri(uri))
+        statement = select(_READABLE[column]).where(media.c.digest == parse_media_uri(uri))
         await self._ready()
         found = await self._db.run(partial(fetch, statement=statement), write=False)
         row = found[0] if found else None

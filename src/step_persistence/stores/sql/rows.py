@@ -128,7 +128,8 @@ def readable(column: ColumnElement[Any], *, name: str | None = None) -> ColumnEl
     decode reads as `Unreadable`, not an error.
 
     Only types that convert values on the way out are wrapped (instants and JSON documents); a
-    column of any other type is returned as it is.
+    column of any other type is returned as it is. Call it once per column, when a module builds its
+    statements: each wrapped column is remembered (for `careful`).
     """
     column_type = column.type
     if not isinstance(column_type, DateTimeUTC | JSON):
