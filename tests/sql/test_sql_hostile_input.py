@@ -9,7 +9,8 @@ ids that are not strings.
   command line a usage error (exit 2), instead of asyncpg's `TypeError` at the first connection.
 - An id or key the store indexes longer than `MAX_INDEXED_BYTES` in UTF-8 is a `ValueError` with
   nothing written, on both dialects (PostgreSQL's btree refuses an entry over 2704 bytes of random
-  text); text the store does not index has no such limit.
+  text); text the store does not index has no such limit. So is a step index beyond 32 bits (the
+  width of PostgreSQL's `INTEGER`).
 - The media store refuses a URI that is not a string with `TypeError`, like the step store's ids
   (the step store's own check is in the conformance suite).
 """
@@ -295,6 +296,25 @@ async def test_ids_up_to_the_limit_and_long_unindexed_text_round_trip(empty_data
         assert (event.idempotency_key, event.error) == (at_limit, long_text)
         effect = await store.get_tool_effect(run_id=at_limit, tool_call_id=at_limit)
         assert effect is not None and effect.tool_name == long_text
+
+
+@pytest.mark.parametrize('step_index', [2**31, -(2**31) - 1, 2**40])
+async def test_a_step_index_beyond_32_bits_is_refused_with_nothing_written(
+    empty_database: EmptyDatabase, step_index: int
+) -> None:
+    async with SqlStepStore(empty_database.url) as store:
+        await store.register_run(RunRecord(run_id='r', started_at=T0))
+        before = await everything(store)
+        for write in (
+            lambda: store.append_event(StepEvent(run_id='r', kind='run_started', step_index=step_index)),
+            lambda: store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=step_index, messages=[])),
+        ):
+            with pytest.raises(ValueError, match=r'step_index -?\d+ is outside the range the SQL store keeps'):
+                await write()
+            assert await everything(store) == before
+        await store.append_event(StepEvent(run_id='r', kind='run_started', step_index=2**31 - 1))
+        [event] = await store.list_events(run_id='r')
+        assert event.step_index == 2**31 - 1
 
 
 # --- item 8: the media store's URIs ---

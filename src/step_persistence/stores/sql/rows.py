@@ -31,6 +31,7 @@ __all__ = [
     'RUN_COLUMNS',
     'RUN_KEY',
     'SNAPSHOT_HEADER_COLUMNS',
+    'STEP_INDEX_RANGE',
     'TOOL_EFFECT_COLUMNS',
     'TOOL_EFFECT_FIELDS',
     'StoredHistory',
@@ -39,8 +40,8 @@ __all__ = [
     'event_values',
     'fetch',
     'readable',
-    'require_indexable',
     'require_readable',
+    'require_storable',
     'run_from_row',
     'run_values',
     'snapshot_header_from_row',
@@ -62,12 +63,22 @@ _INDEXED_FIELDS: dict[type, tuple[str, ...]] = {
 }
 
 
-def require_indexable(record: RunRecord | StepEvent | ContinuableSnapshot | ToolEffectRecord) -> None:
-    """Raise `ValueError` if an indexed id or key of `record` is longer than `MAX_INDEXED_BYTES` in UTF-8.
+STEP_INDEX_RANGE = range(-(2**31), 2**31)
+"""The step indexes the store keeps (an `INTEGER` column: PostgreSQL's is 32 bits), on both dialects alike."""
+
+
+def require_storable(record: RunRecord | StepEvent | ContinuableSnapshot | ToolEffectRecord) -> None:
+    """Raise `ValueError` if an indexed id or key of `record` is longer than `MAX_INDEXED_BYTES` in UTF-8, or
+    its step index is outside `STEP_INDEX_RANGE`.
 
     Checked before anything is written; a string of at most a quarter as many characters needs no
     encoding to be known short enough.
     """
+    if isinstance(record, StepEvent | ContinuableSnapshot) and record.step_index not in STEP_INDEX_RANGE:
+        raise ValueError(
+            f'step_index {record.step_index} is outside the range the SQL store keeps '
+            f'({STEP_INDEX_RANGE.start} to {STEP_INDEX_RANGE.stop - 1}): nothing was written'
+        )
     for name in _INDEXED_FIELDS[type(record)]:
         value = getattr(record, name)
         if value is not None and len(value) > MAX_INDEXED_BYTES // 4:

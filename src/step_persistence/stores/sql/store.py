@@ -135,7 +135,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
     # --- runs ---
 
     async def register_run(self, record: RunRecord) -> None:
-        rows.require_indexable(record)
+        rows.require_storable(record)
         await self._ready()
         run_pk = await self._db.run(partial(self._writes.register_run, record=record), write=True)
         self._snapshot_saves.registered(record.run_id, run_pk)
@@ -160,7 +160,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
     # --- events ---
 
     async def append_event(self, event: StepEvent) -> None:
-        rows.require_indexable(event)
+        rows.require_storable(event)
         await self._ready()
         await self._db.run(partial(self._writes.append_event, event=event), write=True)
 
@@ -191,7 +191,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
     # --- tool effects ---
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        rows.require_indexable(record)
+        rows.require_storable(record)
         await self._ready()
         await self._db.run(partial(self._writes.record_tool_effect, record=record), write=True)
 
@@ -237,14 +237,15 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         Messages that the snapshots add are packed first (their blobs staged for this transaction
         or, for a media store elsewhere, stored); if another writer of a run got in between, the
         packing and the transaction are done again (see `snapshot_saves.py`). `ValueError`, before anything
-        is written, for an id or key longer than `rows.MAX_INDEXED_BYTES`.
+        is written, for an id or key longer than `rows.MAX_INDEXED_BYTES` or a step index outside
+        `rows.STEP_INDEX_RANGE`.
         """
         for effect in writes.tool_effects:
-            rows.require_indexable(effect)
+            rows.require_storable(effect)
         for event in writes.events:
-            rows.require_indexable(event)
+            rows.require_storable(event)
         for snapshot in writes.snapshots:
-            rows.require_indexable(snapshot)
+            rows.require_storable(snapshot)
         await self._ready()
         await self._snapshot_saves.write_batch(writes)
 
