@@ -40,6 +40,7 @@ from pydantic_graph import End
 from step_persistence._active import ACTIVE_RUN, ActiveRun
 from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
+from step_persistence._urls import redact_url
 from step_persistence.helpers import unanswered_tool_call_ids
 from step_persistence.protocol import StepStore, batch_writer, write_steps
 from step_persistence.records import (
@@ -237,6 +238,9 @@ def _return_part(call: ToolCallPart, result: Any) -> ToolReturnPart:
     return ToolReturnPart(tool_name=call.tool_name, content=result, tool_call_id=call.tool_call_id)
 
 
+_WRITES_USED = ('register_run', 'get_run', 'append_event', 'save_snapshot', 'record_tool_effect')
+"""The store methods the capability calls (a store that batches also has `write_batch`)."""
+
 _DISCARDED_SUMMARY = (
     'the tool returned, but its result was discarded when the run failed or was cancelled; its side effect took place'
 )
@@ -268,6 +272,17 @@ class StepPersistence(AbstractCapability[Any]):
 
     _explicit_run_claimed_by: str | None = field(default=None, init=False, repr=False, compare=False)
     _state: _RunState | None = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        """Refuse, at construction rather than at the first write, a `store` that is not a `StepStore`."""
+        if isinstance(self.store, str):
+            raise TypeError(
+                f'store must be a StepStore, not the string {redact_url(self.store)!r}: build one with '
+                'step_persistence.from_spec(...) (and close it when done), or use StepPersistence.from_spec(store=...)'
+            )
+        missing = [name for name in _WRITES_USED if not callable(getattr(self.store, name, None))]
+        if missing:
+            raise TypeError(f'store must be a StepStore, not {type(self.store).__name__} (it has no {missing[0]})')
 
     # --- per-run setup ---
 
