@@ -7,7 +7,7 @@ so every store refuses it with `TypeError` first.
 
 from __future__ import annotations
 
-__all__ = ['require_text']
+__all__ = ['require_limit', 'require_text']
 
 
 def require_text(name: str, value: object, *, optional: bool = False) -> None:
@@ -16,3 +16,14 @@ def require_text(name: str, value: object, *, optional: bool = False) -> None:
         return
     expected = 'a string or None' if optional else 'a string'
     raise TypeError(f'{name} must be {expected}, not {type(value).__name__}')
+
+
+def require_limit(limit: object) -> int | None:
+    """Return `limit` if it is `None` or an `int` of at least 1; else raise `TypeError`/`ValueError`."""
+    if limit is None:
+        return None
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise TypeError(f'limit must be an int or None, not {type(limit).__name__}')
+    if limit < 1:
+        raise ValueError(f'limit must be at least 1, not {limit}')
+    return limit

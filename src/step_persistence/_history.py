@@ -35,6 +35,7 @@ __all__ = [
     'decode_messages',
     'encode_message',
     'encode_messages',
+    'history_digest',
     'tool_call_ids',
 ]
 
@@ -62,6 +63,14 @@ def encode_message(message: ModelMessage) -> EncodedMessage:
 def encode_messages(messages: Iterable[ModelMessage]) -> tuple[EncodedMessage, ...]:
     """Encode every message of a history."""
     return tuple(encode_message(message) for message in messages)
+
+
+def history_digest(digests: Iterable[str]) -> str:
+    """SHA-256 (hex) of a history's message digests in order: equal histories, equal digests.
+
+    The digest of the empty history is that of no bytes.
+    """
+    return hashlib.sha256(''.join(digests).encode('ascii')).hexdigest()
 
 
 def decode_messages(trees: Sequence[Any]) -> list[ModelMessage]:

@@ -42,6 +42,7 @@ from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence._urls import redact_url
 from step_persistence.helpers import unanswered_tool_call_ids
+from step_persistence.origins import find_origin
 from step_persistence.protocol import StepStore, batch_writer, write_steps
 from step_persistence.records import (
     ContinuableSnapshot,
@@ -160,13 +161,22 @@ def _signature_computed_once(function: _F) -> _F:
 async def register_run_once(store: StepStore, record: RunRecord) -> None:
     """Register `record`, treating an identical stored record as this same registration replayed.
 
-    A different record under the same run id still raises `ValueError`.
+    A different record under the same run id still raises `ValueError`. (A `continued` origin the
+    store recorded as `forked`, another run having continued the snapshot first, is the same.)
     """
     try:
         await store.register_run(record)
     except ValueError:
-        if await store.get_run(run_id=record.run_id) != record:
+        stored = await store.get_run(run_id=record.run_id)
+        if stored is None or _as_registered(record, stored) != stored:
             raise
+
+
+def _as_registered(record: RunRecord, stored: RunRecord) -> RunRecord:
+    """`record` as the store would have registered it, given the origin kind it chose."""
+    if record.origin is None or stored.origin is None or stored.origin.kind == record.origin.kind:
+        return record
+    return record.model_copy(update={'origin': record.origin.model_copy(update={'kind': stored.origin.kind})})
 
 
 def _failure_summary(error: BaseException) -> str:
@@ -482,15 +492,20 @@ class StepPersistence(AbstractCapability[Any]):
 
     async def before_run(self, ctx: RunContext[Any]) -> None:
         run = self._run
-        record = RunRecord(
-            run_id=run.run_id,
-            conversation_id=run.conversation_id,
-            parent_run_id=run.parent_run_id,
-            agent_name=run.agent_name,
-            metadata=dict(self.metadata),
-        )
 
         async def register() -> None:
+            initial = ctx.messages
+            origin = await find_origin(
+                self.store, initial, run.encoder.encode(initial).messages, conversation_id=run.conversation_id
+            )
+            record = RunRecord(
+                run_id=run.run_id,
+                conversation_id=run.conversation_id,
+                parent_run_id=run.parent_run_id,
+                agent_name=run.agent_name,
+                metadata=dict(self.metadata),
+                origin=origin,
+            )
             await self._persist_run(ctx, record)
             run.registered = True
             self._queue_event('run_started', step_index=ctx.run_step, key=run.key('run_started'))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -9,9 +10,11 @@ from pydantic_ai.messages import ModelMessage
 from pydantic_ai.tools import RunContext
 
 from step_persistence._active import ACTIVE_RUN
+from step_persistence._arguments import require_text
 from step_persistence._history import answered_call_ids, tool_call_ids
+from step_persistence.origins import tag_history
 from step_persistence.protocol import StepStore
-from step_persistence.records import ContinuableSnapshot, SnapshotState, ToolEffectRecord
+from step_persistence.records import ContinuableSnapshot, OriginKind, SnapshotState, ToolEffectRecord
 
 __all__ = [
     'RecoveryReport',
@@ -92,11 +95,14 @@ async def continue_run(
     `list_unresolved_tool_effects` first: an interrupted history may make the model redo a call).
     Pass `seq` or `step_index` to pick an earlier retained snapshot (the newest one at that step).
     Raises `LookupError` when no snapshot matches.
+
+    A run given these messages is recorded as `continued` from that snapshot (`RunRecord.origin`;
+    `forked` if another run continued it already) and shares its stored messages.
     """
     snapshot = await _pick_snapshot(
         store, run_id=run_id, include_interrupted=include_interrupted, seq=seq, step_index=step_index
     )
-    return snapshot.messages
+    return _tagged(snapshot, kind='continued')
 
 
 async def fork_run(
@@ -106,14 +112,29 @@ async def fork_run(
     include_interrupted: bool = False,
     seq: int | None = None,
     step_index: int | None = None,
+    conversation_id: str | None = None,
 ) -> list[ModelMessage]:
-    """The same read as `continue_run`, meant for starting a new run that branches from that point.
+    """The same read as `continue_run`, for a new run that branches from that point: it is recorded as
+    `forked` from the snapshot (`RunRecord.origin`) and shares its stored messages.
 
-    Pass the messages to a run with a new run id (and usually a new `conversation_id`).
+    With `conversation_id`, the newest message carries it, so the run given these messages (and
+    the runs continuing it) belong to that conversation (pydantic-ai takes a run's conversation
+    from its history); the other messages stay as stored.
     """
-    return await continue_run(
+    snapshot = await _pick_snapshot(
         store, run_id=run_id, include_interrupted=include_interrupted, seq=seq, step_index=step_index
     )
+    if conversation_id is not None and snapshot.messages:
+        require_text('conversation_id', conversation_id)
+        newest = dataclasses.replace(snapshot.messages[-1], conversation_id=conversation_id)
+        snapshot = snapshot.model_copy(update={'messages': [*snapshot.messages[:-1], newest]})
+    return _tagged(snapshot, kind='forked')
+
+
+def _tagged(snapshot: ContinuableSnapshot, *, kind: OriginKind) -> list[ModelMessage]:
+    if snapshot.seq is None:  # read from a store, it has one
+        raise ValueError(f'snapshot of run {snapshot.run_id!r} has no seq')
+    return tag_history(snapshot.messages, kind=kind, run_id=snapshot.run_id, seq=snapshot.seq)
 
 
 async def annotate_tool_effect(

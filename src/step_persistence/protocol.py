@@ -9,8 +9,10 @@ from typing import TYPE_CHECKING, Protocol, Self, runtime_checkable
 
 from step_persistence.records import (
     ContinuableSnapshot,
+    ConversationSummary,
     RunRecord,
     RunStatus,
+    SnapshotRef,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
@@ -32,7 +34,11 @@ class StepStore(Protocol):
     """
 
     async def register_run(self, record: RunRecord) -> None:
-        """Insert a run; raise `ValueError` if its `run_id` is already stored (atomically)."""
+        """Insert a run; raise `ValueError` if its `run_id` is already stored (atomically).
+
+        A `continued` origin whose snapshot another stored run already continued is stored as
+        `forked` (atomically too: of two runs continuing one snapshot at once, one is the fork).
+        """
         ...
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
@@ -40,9 +46,39 @@ class StepStore(Protocol):
         ...
 
     async def list_runs(
-        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+        self,
+        *,
+        parent_run_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        origin_run_id: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
     ) -> list[RunRecord]:
-        """Runs matching every given filter, oldest `started_at` first (ties in registration order)."""
+        """Runs matching every given filter, oldest `started_at` first (ties in registration order).
+
+        `origin_run_id`: the runs continued or forked from one of that run's snapshots.
+        `newest_first=True` reverses the order; `limit` keeps the first `limit` of that order (a
+        `limit` below 1, or one that is not an `int`, raises `ValueError`/`TypeError`).
+        """
+        ...
+
+    async def list_conversations(
+        self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
+    ) -> list[ConversationSummary]:
+        """One summary per `conversation_id` among the runs (only those of `agent_name`, when given),
+        ordered by `last_started_at` then `conversation_id`, newest first unless `newest_first=False`.
+
+        Runs without a `conversation_id` belong to none. `limit` as in `list_runs`.
+        """
+        ...
+
+    async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
+        """The newest retained snapshot (of any state) of the conversation's runs whose history has
+        `history_digest` (`ContinuableSnapshot.history_digest()`), or `None`.
+
+        Newest: of the newest run (`list_runs` order) holding one, its highest `seq`.
+        """
         ...
 
     async def append_event(self, event: StepEvent) -> None:
@@ -89,7 +125,9 @@ class StepStore(Protocol):
         ...
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
-        """Remove the run with its events, snapshots, effects and stored messages (never shared media).
+        """Remove the run with its events, snapshots, effects and the stored messages no other run's
+        history uses (never shared media); the histories of runs that continued or forked from it
+        read back unchanged.
 
         `cascade=True` also removes every run delegated from it, transitively (every run whose
         `parent_run_id` chain leads to `run_id`, also when `run_id` itself is already gone), each

@@ -13,13 +13,17 @@ from typing import Annotated, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
 from pydantic_ai.messages import ModelMessage
 
-from step_persistence._history import EncodedMessage, encode_messages
+from step_persistence._history import EncodedMessage, encode_messages, history_digest
 
 __all__ = [
     'ContinuableSnapshot',
+    'ConversationSummary',
     'EventKind',
+    'OriginKind',
+    'RunOrigin',
     'RunRecord',
     'RunStatus',
+    'SnapshotRef',
     'SnapshotState',
     'StepEvent',
     'ToolEffectRecord',
@@ -80,6 +84,34 @@ class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra='forbid', strict=False)
 
 
+OriginKind = Literal['continued', 'forked']
+"""How a run's initial history relates to the stored snapshot it came from.
+
+`continued`: the run carries that snapshot's line on (at most one run per snapshot is stored as
+its continuation); `forked`: the run branches from it (`fork_run`, or a second run continuing the
+same snapshot, such as a second browser tab).
+"""
+
+ORIGIN_KINDS: frozenset[str] = frozenset(get_args(OriginKind))
+
+
+class RunOrigin(_Record):
+    """The stored snapshot a run's initial history was: set when the run started from it."""
+
+    kind: OriginKind
+    run_id: str
+    """The run the snapshot belongs to."""
+    seq: int
+    """The snapshot's `seq` in that run."""
+
+
+class SnapshotRef(_Record):
+    """Names one stored snapshot."""
+
+    run_id: str
+    seq: int
+
+
 class RunRecord(_Record):
     """One agent run and its lineage."""
 
@@ -91,6 +123,19 @@ class RunRecord(_Record):
     agent_name: str | None = None
     metadata: Metadata = Field(default_factory=dict)
     started_at: UtcDatetime = Field(default_factory=utc_now)
+    origin: RunOrigin | None = None
+    """The stored snapshot this run continued or forked from (`None`: it started from no stored history)."""
+
+
+class ConversationSummary(_Record):
+    """One conversation: the runs sharing a `conversation_id`."""
+
+    conversation_id: str
+    first_started_at: UtcDatetime
+    last_started_at: UtcDatetime
+    run_count: int
+    head_run_id: str
+    """The newest run (latest `started_at`, ties in registration order): where the next turn continues."""
 
 
 class StepEvent(_Record):
@@ -169,6 +214,10 @@ class ContinuableSnapshot(_Record):
         if self._encoded is None:
             self._encoded = encode_messages(self.messages)
         return self._encoded
+
+    def history_digest(self) -> str:
+        """The digest of the whole history (`_history.history_digest`), by which a kept history is recognised."""
+        return history_digest(message.digest for message in self.encoded_messages())
 
 
 class ToolEffectRecord(_Record):

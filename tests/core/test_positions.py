@@ -6,7 +6,17 @@ import logging
 
 import pytest
 
-from step_persistence.stores._positions import NumberedRow, RunHead, changed_positions, plan_saves, plausible_position
+from step_persistence.stores._positions import (
+    LineBase,
+    NumberedRow,
+    RunHead,
+    ViewSegment,
+    assemble,
+    changed_positions,
+    plan_saves,
+    plausible_position,
+    view_segments,
+)
 
 
 def test_changed_positions_are_the_differing_and_the_new_ones() -> None:
@@ -30,9 +40,54 @@ def test_advancing_a_head_with_a_plan_makes_the_next_plan_empty() -> None:
     head = RunHead(incarnation=1)
     histories = [['p', 'r'], ['p', 'r', 'q']]
     plan = plan_saves(head, histories)
-    head.advance(plan.rows, through=plan.throughs[-1])
+    head.advance(plan.rows, through=plan.throughs[-1], length=3)
     assert (head.last_no, head.latest) == (3, ['p', 'r', 'q'])
     assert plan_saves(head, histories[-1:]).rows == []
+
+
+def test_a_head_is_exactly_the_view_saved_so_a_regrown_position_is_written_again() -> None:
+    head = RunHead(incarnation=1, line=5)
+    plan = plan_saves(head, [['p', 'r', 'q'], ['p']])
+    head.advance(plan.rows, through=plan.throughs[-1], length=1)
+    assert head.latest == ['p']
+    # The row of 'r' at position 1 is no longer in the view: the next view must not rely on it.
+    assert plan_saves(head, [['p', 'r']]).rows == [NumberedRow(4, 1, 'r')]
+
+
+def test_a_branch_starts_from_the_view_and_numbers_from_one() -> None:
+    head = RunHead(incarnation=1, line=5, last_no=9, latest=['p', 'r'])
+    assert head.base() == LineBase(line=5, length=2, through=9)
+    branch = head.branched(6)
+    assert (branch.line, branch.last_no, branch.latest) == (6, 0, ['p', 'r'])
+    assert plan_saves(branch, [['p', 'r', 'x']]).rows == [NumberedRow(1, 2, 'x')]
+    assert head.latest == ['p', 'r']
+    with pytest.raises(ValueError, match='without a line'):
+        RunHead(incarnation=1).base()
+
+
+def test_a_view_reads_its_line_first_then_down_its_bases() -> None:
+    bases = {'c': LineBase('b', 4, 7), 'b': LineBase('a', 2, 3), 'a': None}
+    assert view_segments('c', 6, 2, bases.__getitem__) == [
+        ViewSegment('c', 6, 2),
+        ViewSegment('b', 4, 7),
+        ViewSegment('a', 2, 3),
+    ]
+    # A base never serves more than the view above it may show.
+    assert view_segments('c', 3, 2, bases.__getitem__)[1:] == [ViewSegment('b', 3, 7), ViewSegment('a', 2, 3)]
+    looped = {'x': LineBase('y', 1, 1), 'y': LineBase('x', 1, 1)}
+    with pytest.raises(ValueError, match='cycle'):
+        view_segments('x', 1, 1, looped.__getitem__)
+
+
+def test_assembling_takes_the_first_segment_holding_each_position() -> None:
+    assert assemble(4, [{2: 'own-2', 3: 'own-3'}, {1: 'base-1', 2: 'base-2'}, {0: 'root-0'}]) == [
+        'root-0',
+        'base-1',
+        'own-2',
+        'own-3',
+    ]
+    with pytest.raises(ValueError, match='position 1 of 3'):
+        assemble(3, [{0: 'a', 2: 'c'}])
 
 
 def test_apply_with_through_accepts_gaps_of_deleted_rows() -> None:

@@ -39,6 +39,9 @@ class BackendSession:
     count_media_blobs: Callable[[], Awaitable[int]] | None = None
     """`await count_media_blobs()`: how many blobs the default media stores of the session's stores hold,
     counted in the storage itself (files, rows, documents); `None` for a backend that keeps payloads inline."""
+    count_stored_messages: Callable[[], Awaitable[int]] | None = None
+    """`await count_stored_messages()`: how many stored message versions (rows, journal lines, documents)
+    the session's stores hold, counted in the storage itself; `None` for a process-local backend."""
 
 
 def spec_of(session: BackendSession, **options: Any) -> dict[str, Any]:
@@ -62,6 +65,7 @@ async def closing(
     build: Callable[..., StepStore],
     spec: Callable[..., dict[str, Any]] | None = None,
     count_media_blobs: Callable[[], Awaitable[int]] | None = None,
+    count_stored_messages: Callable[[], Awaitable[int]] | None = None,
 ) -> AsyncIterator[BackendSession]:
     """A session whose stores are built by `build(**options)` and closed when the test ends."""
     stores: list[StepStore] = []
@@ -72,7 +76,9 @@ async def closing(
         return store
 
     try:
-        yield BackendSession(make=make, spec=spec, count_media_blobs=count_media_blobs)
+        yield BackendSession(
+            make=make, spec=spec, count_media_blobs=count_media_blobs, count_stored_messages=count_stored_messages
+        )
     finally:
         for store in stores:
             await store.aclose()

@@ -14,13 +14,16 @@ from step_persistence.protocol import write_each
 from step_persistence.reclaiming import MediaCollection, validate_grace
 from step_persistence.records import (
     ContinuableSnapshot,
+    ConversationSummary,
     RunRecord,
+    SnapshotRef,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
     merge_tool_effect,
 )
 from step_persistence.retention import retained_seqs, validate_max_snapshots
+from step_persistence.stores._listing import RunFilter, conversation_summaries
 from step_persistence.stores._pruning import PrunesOldRuns
 
 __all__ = ['InMemoryStepStore']
@@ -31,6 +34,7 @@ class _StoredSnapshot:
     header: ContinuableSnapshot
     """The snapshot with its `seq` set and its messages left out."""
     messages: tuple[EncodedMessage, ...]
+    history_digest: str
 
 
 @dataclass
@@ -56,6 +60,8 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         self.max_snapshots_per_run = validate_max_snapshots(max_snapshots_per_run)
         self._runs: dict[str, _RunData] = {}
         self._registrations = itertools.count()
+        self._continued: dict[tuple[str, int], str] = {}
+        """The run stored as the continuation of each continued snapshot `(run_id, seq)`."""
 
     def _run(self, run_id: str) -> _RunData:
         data = self._runs.get(run_id)
@@ -66,6 +72,11 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
     async def register_run(self, record: RunRecord) -> None:
         if record.run_id in self._runs:
             raise ValueError(f'run {record.run_id!r} is already registered')
+        origin = record.origin
+        if origin is not None and origin.kind == 'continued' and (origin.run_id, origin.seq) in self._continued:
+            record = record.model_copy(update={'origin': origin.model_copy(update={'kind': 'forked'})})
+        elif origin is not None and origin.kind == 'continued':
+            self._continued[origin.run_id, origin.seq] = record.run_id
         self._runs[record.run_id] = _RunData(record=record, registration=next(self._registrations))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
@@ -74,18 +85,44 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return None if data is None else data.record
 
     async def list_runs(
-        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+        self,
+        *,
+        parent_run_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        origin_run_id: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
     ) -> list[RunRecord]:
-        require_text('parent_run_id', parent_run_id, optional=True)
-        require_text('conversation_id', conversation_id, optional=True)
-        matching = [
-            data
-            for data in self._runs.values()
-            if (parent_run_id is None or data.record.parent_run_id == parent_run_id)
-            and (conversation_id is None or data.record.conversation_id == conversation_id)
-        ]
-        matching.sort(key=lambda data: (data.record.started_at, data.registration))
-        return [data.record for data in matching]
+        chosen = RunFilter(
+            parent_run_id=parent_run_id,
+            conversation_id=conversation_id,
+            agent_name=agent_name,
+            origin_run_id=origin_run_id,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        return chosen.select((data.record, data.registration) for data in self._runs.values())
+
+    async def list_conversations(
+        self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
+    ) -> list[ConversationSummary]:
+        return conversation_summaries(
+            ((data.record, data.registration) for data in self._runs.values()),
+            limit=limit,
+            newest_first=newest_first,
+            agent_name=agent_name,
+        )
+
+    async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
+        require_text('conversation_id', conversation_id)
+        require_text('history_digest', history_digest)
+        for record in await self.list_runs(conversation_id=conversation_id, newest_first=True):
+            data = self._runs[record.run_id]
+            for seq in sorted(data.snapshots, reverse=True):
+                if data.snapshots[seq].history_digest == history_digest:
+                    return SnapshotRef(run_id=record.run_id, seq=seq)
+        return None
 
     async def append_event(self, event: StepEvent) -> None:
         data = self._run(event.run_id)
@@ -109,7 +146,9 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
             data.snapshot_keys.add(key)
         data.last_seq += 1
         header = snapshot.model_copy(update={'messages': [], 'seq': data.last_seq})
-        data.snapshots[data.last_seq] = _StoredSnapshot(header=header, messages=snapshot.encoded_messages())
+        data.snapshots[data.last_seq] = _StoredSnapshot(
+            header=header, messages=snapshot.encoded_messages(), history_digest=snapshot.history_digest()
+        )
         if self.max_snapshots_per_run is not None:
             keep = retained_seqs(
                 ((seq, stored.header.state) for seq, stored in data.snapshots.items()), self.max_snapshots_per_run
@@ -173,6 +212,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         if cascade:
             await lifecycle.delete_delegated_runs(self, run_id)
         self._runs.pop(run_id, None)
+        self._continued = {snapshot: run for snapshot, run in self._continued.items() if run != run_id}
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
         """Nothing to collect: a snapshot's messages go with it, and media stays inline."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from step_persistence.testing.conformance.bad_input import BadInputConformance
 from step_persistence.testing.conformance.batches import BatchesConformance
+from step_persistence.testing.conformance.conversations import ConversationsConformance
 from step_persistence.testing.conformance.events import EventsConformance
 from step_persistence.testing.conformance.ledger import LedgerConformance
 from step_persistence.testing.conformance.lifecycle import LifecycleConformance
@@ -20,6 +21,7 @@ __all__ = [
     'BadInputConformance',
     'BatchesConformance',
     'ConformanceBase',
+    'ConversationsConformance',
     'EventsConformance',
     'LedgerConformance',
     'LifecycleConformance',
@@ -33,8 +35,10 @@ __all__ = [
 
 class StepStoreConformance(
     # pytest collects inherited tests base class first (reverse MRO), so the areas are listed
-    # last first: the suite runs runs, events, snapshots, ledger, batches, lifecycle, bad input.
+    # last first: the suite runs runs, events, snapshots, ledger, batches, lifecycle, conversations,
+    # bad input.
     BadInputConformance,
+    ConversationsConformance,
     LifecycleConformance,
     BatchesConformance,
     LedgerConformance,

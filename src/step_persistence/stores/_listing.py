@@ -1,0 +1,85 @@
+"""`list_runs` and `list_conversations` over records in memory, for stores that hold or index them.
+
+The SQL and MongoDB stores answer the same questions with indexed queries; the in-memory store
+and the file store's index answer them here, with the same argument checks and the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from step_persistence._arguments import require_limit, require_text
+from step_persistence.records import ConversationSummary, RunRecord
+
+__all__ = ['RunFilter', 'conversation_summaries', 'run_order']
+
+
+def run_order(record: RunRecord, registration: int) -> tuple[object, int]:
+    """The `list_runs` order of a run: `started_at`, ties in registration order."""
+    return (record.started_at, registration)
+
+
+@dataclass(frozen=True)
+class RunFilter:
+    """The arguments of `list_runs`, checked."""
+
+    parent_run_id: str | None = None
+    conversation_id: str | None = None
+    agent_name: str | None = None
+    origin_run_id: str | None = None
+    limit: int | None = None
+    newest_first: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ('parent_run_id', 'conversation_id', 'agent_name', 'origin_run_id'):
+            require_text(name, getattr(self, name), optional=True)
+        require_limit(self.limit)
+        if not isinstance(self.newest_first, bool):
+            raise TypeError(f'newest_first must be a bool, not {type(self.newest_first).__name__}')
+
+    def matches(self, record: RunRecord) -> bool:
+        return (
+            (self.parent_run_id is None or record.parent_run_id == self.parent_run_id)
+            and (self.conversation_id is None or record.conversation_id == self.conversation_id)
+            and (self.agent_name is None or record.agent_name == self.agent_name)
+            and (
+                self.origin_run_id is None or (record.origin is not None and record.origin.run_id == self.origin_run_id)
+            )
+        )
+
+    def select(self, runs: Iterable[tuple[RunRecord, int]]) -> list[RunRecord]:
+        """The matching records of `(record, registration)` pairs, in order, limited."""
+        ordered = sorted((pair for pair in runs if self.matches(pair[0])), key=lambda pair: run_order(*pair))
+        if self.newest_first:
+            ordered.reverse()
+        return [record for record, _ in ordered[: self.limit]]
+
+
+def conversation_summaries(
+    runs: Iterable[tuple[RunRecord, int]], *, limit: object, newest_first: object, agent_name: object
+) -> list[ConversationSummary]:
+    """`list_conversations` over `(record, registration)` pairs (argument checks included)."""
+    checked_limit = require_limit(limit)
+    if not isinstance(newest_first, bool):
+        raise TypeError(f'newest_first must be a bool, not {type(newest_first).__name__}')
+    require_text('agent_name', agent_name, optional=True)
+    grouped: dict[str, list[tuple[RunRecord, int]]] = {}
+    for record, registration in runs:
+        if record.conversation_id is None or (agent_name is not None and record.agent_name != agent_name):
+            continue
+        grouped.setdefault(record.conversation_id, []).append((record, registration))
+    summaries = []
+    for conversation_id, members in grouped.items():
+        members.sort(key=lambda pair: run_order(*pair))
+        summaries.append(
+            ConversationSummary(
+                conversation_id=conversation_id,
+                first_started_at=members[0][0].started_at,
+                last_started_at=members[-1][0].started_at,
+                run_count=len(members),
+                head_run_id=members[-1][0].run_id,
+            )
+        )
+    summaries.sort(key=lambda summary: (summary.last_started_at, summary.conversation_id), reverse=newest_first)
+    return summaries[:checked_limit]
