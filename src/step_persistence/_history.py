@@ -27,6 +27,8 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 
+from step_persistence._lru import BoundedLru
+
 __all__ = [
     'EncodedHistory',
     'EncodedMessage',
@@ -123,19 +125,28 @@ class HistoryEncoder:
     The newest message of a history may still be completed in place, so it is encoded afresh
     each time it is the newest. A history that is not an extension of the previous one (a
     rewritten history) is re-read, reusing the encoding of every message object seen before.
+
+    `shared`: encodings of settled messages kept across encoders (runs), so a run given the
+    previous run's history (a chat's next turn) encodes only the messages it adds.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, shared: BoundedLru[int, tuple[ModelMessage, EncodedMessage]] | None = None) -> None:
+        self._shared = shared
         self._by_identity: dict[int, tuple[ModelMessage, EncodedMessage]] = {}
         self._prefix: list[ModelMessage] = []
         self._prefix_encoded: tuple[EncodedMessage, ...] = ()
         self._prefix_pending: dict[str, None] = {}
 
     def _encode_settled(self, message: ModelMessage) -> EncodedMessage:
-        known = self._by_identity.get(id(message))
+        key = id(message)
+        known = self._by_identity.get(key)
         if known is None or known[0] is not message:
-            known = (message, encode_message(message))
-            self._by_identity[id(message)] = known
+            known = None if self._shared is None else self._shared.get(key)
+            if known is None or known[0] is not message:
+                known = (message, encode_message(message))
+                if self._shared is not None:
+                    self._shared.put(key, known)
+            self._by_identity[key] = known
         return known[1]
 
     def encode(self, messages: Sequence[ModelMessage]) -> EncodedHistory:

@@ -40,6 +40,7 @@ from pydantic_graph import End
 from step_persistence._active import ACTIVE_RUN, ActiveRun
 from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
+from step_persistence._lru import BoundedLru
 from step_persistence._urls import redact_url
 from step_persistence.helpers import unanswered_tool_call_ids
 from step_persistence.origins import find_origin
@@ -58,6 +59,9 @@ from step_persistence.run_ids import derive_run_id
 from step_persistence.stores.memory import InMemoryStepStore
 
 __all__ = ['SnapshotSaved', 'StepPersistence']
+
+ENCODINGS_KEPT = 4096
+"""How many settled messages' encodings one `StepPersistence` keeps for its next runs."""
 
 SnapshotReason = Literal['tool_cycle', 'before_request', 'after_response', 'final', 'failure']
 
@@ -105,8 +109,14 @@ class _RunState:
     """The request a settled tool cycle will send next, until the next model request puts it in the history.
 
     A run stopped between the two (leaving `agent.iter` after a tool cycle) never gets it into its
-    history, but its returns are settled: the failure snapshot folds it in, as the tool-cycle one did.
+    history, but its returns are settled: the failure snapshot folds it in, as the tool-cycle one would.
     """
+    tool_cycle_step: int | None = None
+    """The step of the settled tool cycle whose snapshot waits for its request to be sent (`None`: none waits).
+
+    pydantic-ai stamps the request's `timestamp` in place as it sends it, so the snapshot is taken
+    then, in the same flush as the request's start: the stored request is the one the history
+    keeps, stored once, and a crash in between loses nothing that was durable."""
     final_result: FinalResult[Any] | None = None
     """The final result the graph ended with (`End`), to answer its output call when the history does not."""
     output_tool_names: set[str] = field(default_factory=set[str])
@@ -282,6 +292,10 @@ class StepPersistence(AbstractCapability[Any]):
 
     _explicit_run_claimed_by: str | None = field(default=None, init=False, repr=False, compare=False)
     _state: _RunState | None = field(default=None, init=False, repr=False, compare=False)
+    _encodings: BoundedLru[int, tuple[ModelMessage, EncodedMessage]] = field(
+        default_factory=lambda: BoundedLru(ENCODINGS_KEPT), init=False, repr=False, compare=False
+    )
+    """Encodings of settled messages across this instance's runs (a chat's next turn reuses them)."""
 
     def __post_init__(self) -> None:
         """Refuse, at construction rather than at the first write, a `store` that is not a `StepStore`."""
@@ -306,6 +320,7 @@ class StepPersistence(AbstractCapability[Any]):
         if agent_name is None and ctx.agent is not None:
             agent_name = ctx.agent.name
         copy = dataclasses.replace(self)
+        copy._encodings = self._encodings
         copy._state = _RunState(
             active=ActiveRun(run_id=run_id, store=self.store),
             write_batch=batch_writer(self.store),
@@ -313,6 +328,7 @@ class StepPersistence(AbstractCapability[Any]):
             parent_run_id=parent_run_id,
             agent_name=agent_name,
             source_run_id=ctx.run_id,
+            encoder=HistoryEncoder(self._encodings),
         )
         return copy
 
@@ -574,6 +590,7 @@ class StepPersistence(AbstractCapability[Any]):
         """
         run = self._run
         run.failure_recorded = True
+        run.tool_cycle_step = None  # the failure snapshot folds the cycle's request in
         self._end_model_request(error)
         cancelled = error if isinstance(error, asyncio.CancelledError | RunCancelled) else asyncio.CancelledError()
         for call_id in list(run.active.in_flight):
@@ -673,7 +690,7 @@ class StepPersistence(AbstractCapability[Any]):
             run.results.clear()
             run.ran.clear()
             run.pending_request = result.request
-            self._queue_snapshot([*ctx.messages, result.request], step_index=ctx.run_step, reason='tool_cycle')
+            run.tool_cycle_step = ctx.run_step
         elif isinstance(result, End) and isinstance(result.data, FinalResult):
             run.final_result = result.data
         return result
@@ -696,6 +713,7 @@ class StepPersistence(AbstractCapability[Any]):
         step = ctx.run_step
         self._end_model_request(None)
         run.open_request = step
+        self._queue_tool_cycle(ctx.messages)
         self._queue_event('model_request_started', step_index=step, key=run.key('model', step, 'started'))
         if self.capture_frontier:
             self._queue_snapshot(ctx.messages, step_index=step, reason='before_request')
@@ -711,6 +729,17 @@ class StepPersistence(AbstractCapability[Any]):
             if self.capture_frontier:
                 self._queue_snapshot([*ctx.messages, response], step_index=step, reason='after_response')
         return response
+
+    def _queue_tool_cycle(self, live: Sequence[ModelMessage]) -> None:
+        """Queue the snapshot of the settled tool cycle, now that its request is in the history and stamped."""
+        run = self._run
+        step, pending = run.tool_cycle_step, run.pending_request
+        if step is None or pending is None:
+            return
+        run.tool_cycle_step = None
+        sent = next((index for index, message in enumerate(live) if message is pending), None)
+        messages = [*live, pending] if sent is None else list(live[: sent + 1])
+        self._queue_snapshot(messages, step_index=step, reason='tool_cycle')
 
     # --- tool calls ---
 

@@ -20,6 +20,12 @@ Snapshot sequence numbers are assigned by the destination: when the source prune
 snapshots (retention), the destination numbers the retained ones 1, 2, 3... Snapshots are
 compared by their order, never by `seq`. A destination that prunes more than the source
 (`max_snapshots_per_run`) cannot hold a copy; such a run fails its verification.
+
+A run's `origin` names a snapshot by its `seq`, so it is translated to the destination's number
+of the same snapshot once the origin run is there (runs are copied oldest first, so an origin
+comes before the runs continuing it, and the destination shares their stored messages as the
+source did). An origin that cannot be translated (its run is not in the destination, or the
+source no longer retains that snapshot) is copied as it is.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ from typing import Literal
 from step_persistence.protocol import StepStore, write_steps
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, StepWrites, ToolEffectRecord
 
-__all__ = ['CopyOutcome', 'CopyReport', 'RunCopy', 'copy_run', 'copy_runs']
+__all__ = ['CopyOutcome', 'CopyReport', 'RunCopy', 'SeqMap', 'copy_run', 'copy_runs']
 
 CopyOutcome = Literal['copied', 'skipped', 'failed']
 """`copied`: written to the destination; `skipped`: already there, identical; `failed`: see `RunCopy.error`."""
@@ -137,10 +143,58 @@ async def _write(destination: StepStore, record: RunRecord, data: _RunData) -> N
         await write_steps(destination, StepWrites(snapshots=batch))
 
 
-async def copy_run(source: StepStore, destination: StepStore, record: RunRecord, *, verify: bool = True) -> RunCopy:
-    """Copy one run (`record`, as the source lists it) unless the destination already has it."""
+class SeqMap:
+    """Per run, the source's and the destination's snapshot numbers, in snapshot order (read once)."""
+
+    def __init__(self, source: StepStore, destination: StepStore) -> None:
+        self._source = source
+        self._destination = destination
+        self._known: dict[str, tuple[list[int], list[int]]] = {}
+
+    def learn(self, run_id: str, source: _RunData, destination: _RunData) -> None:
+        self._known[run_id] = (_seqs(source.snapshots), _seqs(destination.snapshots))
+
+    async def translated(self, record: RunRecord) -> RunRecord:
+        """`record` with its origin's `seq` as the destination numbers that snapshot, when it can be told."""
+        origin = record.origin
+        if origin is None:
+            return record
+        known = self._known.get(origin.run_id)
+        if known is None:
+            if await self._destination.get_run(run_id=origin.run_id) is None:
+                return record
+            known = (
+                _seqs(await self._source.list_snapshots(run_id=origin.run_id, include_interrupted=True)),
+                _seqs(await self._destination.list_snapshots(run_id=origin.run_id, include_interrupted=True)),
+            )
+            self._known[origin.run_id] = known
+        source_seqs, destination_seqs = known
+        if origin.seq not in source_seqs or len(destination_seqs) != len(source_seqs):
+            return record
+        seq = destination_seqs[source_seqs.index(origin.seq)]
+        return record.model_copy(update={'origin': origin.model_copy(update={'seq': seq})})
+
+
+def _seqs(snapshots: list[ContinuableSnapshot]) -> list[int]:
+    return [snapshot.seq for snapshot in snapshots if snapshot.seq is not None]
+
+
+async def copy_run(
+    source: StepStore,
+    destination: StepStore,
+    record: RunRecord,
+    *,
+    verify: bool = True,
+    seq_map: SeqMap | None = None,
+) -> RunCopy:
+    """Copy one run (`record`, as the source lists it) unless the destination already has it.
+
+    `seq_map`: what earlier copies learnt of snapshot numbers (`copy_runs` shares one across runs).
+    """
     run_id = record.run_id
     data = await _RunData.read(source, run_id)
+    seq_map = SeqMap(source, destination) if seq_map is None else seq_map
+    record = await seq_map.translated(record)
     repaired = False
     existing = await destination.get_run(run_id=run_id)
     if existing is not None:
@@ -148,19 +202,22 @@ async def copy_run(source: StepStore, destination: StepStore, record: RunRecord,
             return RunCopy(run_id, 'failed', error='the destination holds a different run under this id')
         held = await _RunData.read(destination, run_id)
         if held.same_as(data):
+            seq_map.learn(run_id, data, held)
             return RunCopy(run_id, 'skipped')
         if not held.is_prefix_of(data):
             return RunCopy(run_id, 'failed', error='the destination holds data for this run that the source does not')
         await destination.delete_run(run_id=run_id)
         repaired = True
     await _write(destination, record, data)
-    if verify and not (await _RunData.read(destination, run_id)).same_as(data):
+    written = await _RunData.read(destination, run_id)
+    if verify and not written.same_as(data):
         return RunCopy(
             run_id,
             'failed',
             repaired=repaired,
             error='the copy at the destination differs from the source (does the destination prune snapshots?)',
         )
+    seq_map.learn(run_id, data, written)
     return RunCopy(run_id, 'copied', repaired=repaired)
 
 
@@ -190,21 +247,24 @@ async def copy_runs(
             raise LookupError(f'run {", ".join(map(repr, sorted(missing)))} does not exist in the source store')
         records = [record for record in records if record.run_id in wanted]
     report = CopyReport()
+    seq_map = SeqMap(source, destination)
     for record in records:
-        result = await _copy_or_fail(source, destination, record, verify=verify)
+        result = await _copy_or_fail(source, destination, record, verify=verify, seq_map=seq_map)
         report.add(result)
         if on_run is not None:
             on_run(result)
     return report
 
 
-async def _copy_or_fail(source: StepStore, destination: StepStore, record: RunRecord, *, verify: bool) -> RunCopy:
+async def _copy_or_fail(
+    source: StepStore, destination: StepStore, record: RunRecord, *, verify: bool, seq_map: SeqMap
+) -> RunCopy:
     """`copy_run`, with a store's refusal of this run's data as the run's failure.
 
     `ValueError` is what a store raises for data it cannot hold; connection and other store
     errors propagate, since every later run would fail the same way.
     """
     try:
-        return await copy_run(source, destination, record, verify=verify)
+        return await copy_run(source, destination, record, verify=verify, seq_map=seq_map)
     except ValueError as error:
         return RunCopy(record.run_id, 'failed', error=f'{type(error).__name__}: {error}')

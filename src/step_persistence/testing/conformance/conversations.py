@@ -241,6 +241,23 @@ class ConversationsConformance(ConformanceBase):
             assert await target.get_run(run_id=f'turn-{turn}') == await store.get_run(run_id=f'turn-{turn}')
             await self._assert_reads(target, f'turn-{turn}', history)
 
+    async def test_copy_runs_translates_an_origin_to_the_destination_numbers(self, make_store: StoreFactory) -> None:
+        source = await make_store(max_snapshots_per_run=2)
+        await self._register(source, 'first', conversation_id='conv', started_at=T0)
+        for step in range(1, 5):
+            await source.save_snapshot(_saved('first', step, chat_history(step)))
+        continued = chat_history(5)
+        await self._turn(source, 'next', continued, origin=_origin('first', 4), started_at=T0 + timedelta(1))
+        await self._turn(source, 'lost', continued, origin=_origin('first', 1, 'forked'), started_at=T0 + timedelta(2))
+        target = await make_store()
+        assert (await copy_runs(source, target)).ok
+        assert [snapshot.seq for snapshot in await target.list_snapshots(run_id='first')] == [1, 2]
+        assert (await target.get_run(run_id='next')).origin == _origin('first', 2)  # type: ignore[union-attr]
+        # Snapshot 1 was pruned at the source: the origin stays as the source recorded it.
+        assert (await target.get_run(run_id='lost')).origin == _origin('first', 1, 'forked')  # type: ignore[union-attr]
+        await self._assert_reads(target, 'next', continued)
+        assert (await copy_runs(source, target)).skipped == ['first', 'next', 'lost']
+
     # --- finding a kept history ---
 
     async def test_find_snapshot_by_history(self, store: StepStore) -> None:
