@@ -8,63 +8,23 @@ it continued or forked (`RunRecord.origin`), and every snapshot reads back as th
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
-    ModelRequest,
     ModelResponse,
     TextPart,
-    ToolCallPart,
-    ToolReturnPart,
-    UserPromptPart,
 )
-from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
-from step_persistence import RunRecord, StepPersistence, StepStore, continue_run, fork_run
+from step_persistence import RunRecord, StepStore, continue_run, fork_run
 from step_persistence.conversations import continue_conversation
 from step_persistence.records import RunOrigin
 from support.backends import StoreMaker
+from support.chat import chat_agent
 
 pytestmark = pytest.mark.anyio
-
-
-def _one_tool_call_per_turn(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-    """Answers a prompt with a call of `note`, and the note's return with a text."""
-    last = messages[-1]
-    assert isinstance(last, ModelRequest)
-    part = last.parts[-1]
-    if isinstance(part, UserPromptPart):
-        return ModelResponse(parts=[ToolCallPart('note', {'text': str(part.content)}, f'call-{len(messages)}')])
-    assert isinstance(part, ToolReturnPart)
-    return ModelResponse(parts=[TextPart(f'noted: {part.content}')])
-
-
-async def _streamed(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
-    """`_one_tool_call_per_turn`, streamed."""
-    response = _one_tool_call_per_turn(messages, info)
-    for part in response.parts:
-        if isinstance(part, TextPart):
-            yield part.content
-        elif isinstance(part, ToolCallPart):
-            yield {
-                0: DeltaToolCall(name=part.tool_name, json_args=part.args_as_json_str(), tool_call_id=part.tool_call_id)
-            }
-
-
-def chat_agent(store: StepStore) -> Agent[None, str]:
-    model = FunctionModel(_one_tool_call_per_turn, stream_function=_streamed)
-    agent = Agent(model, capabilities=[StepPersistence(store=store)])
-
-    @agent.tool_plain
-    def note(text: str) -> str:
-        return text.upper()
-
-    return agent
 
 
 def dumped(messages: list[ModelMessage]) -> Any:
