@@ -1,7 +1,8 @@
 """Stored text is shown, never obeyed: markup, links, escape sequences and bidirectional overrides from a model.
 
-Every read command prints a store whose ids, names, errors and summaries hold such text; each
-exits 0, shows the text literally, and sends the terminal no control character of its own.
+Every read command prints a store whose ids, names, errors and summaries hold such text (and a
+fork of the run into another conversation, both named so); each exits 0, shows the text
+literally, and sends the terminal no control character of its own.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, from_spec
+from step_persistence.records import RunOrigin
 from step_persistence.testing.conformance import sample_history
 from support.console_script import cli
 
@@ -24,6 +26,8 @@ CALL = 'call[/b]\u202egnp.exe'
 TOOL = 'tool[bold]x'
 ERROR = 'No such file: [/data/in.csv] \x1b]8;;https://example.invalid\x07here\x1b]8;;\x07 \r\x07done'
 SUMMARY = 'summary\x9b31m [red]not red[/red]'
+FORK = 'fork\x1b]8;;https://example.invalid\x07[b]'
+ELSEWHERE = '[bold]other\u202e'
 COMMANDS = [
     ['runs', 'list'],
     ['runs', 'show', 'run'],
@@ -31,7 +35,19 @@ COMMANDS = [
     ['runs', 'unresolved'],
     ['runs', 'messages', 'run'],
     ['report'],
+    ['conversations', 'list'],
+    ['conversations', 'show', '[link'],
+    ['conversations', 'show', ELSEWHERE],
 ]
+FORK_SHOWN = 'fork\\x1b]8;;https://example.invalid\\x07[b]'
+ELSEWHERE_SHOWN = '[bold]other\\u202e'
+ALSO_SHOWN = {
+    ('runs', 'show', 'run'): [FORK_SHOWN],
+    ('runs', 'tree', 'run'): [FORK_SHOWN],
+    ('conversations', 'list'): [ELSEWHERE_SHOWN, 'runs'],
+    ('conversations', 'show', ELSEWHERE): [ELSEWHERE_SHOWN, FORK_SHOWN, 'in another conversation'],
+}
+"""Lineage a command prints besides the run: the fork (and its conversation), escaped."""
 
 
 @pytest.fixture
@@ -49,6 +65,14 @@ async def store_url(tmp_path: Path) -> str:
             ContinuableSnapshot(run_id=RUN_ID, step_index=1, messages=sample_history(1, tag=ERROR))
         )
         await store.append_event(StepEvent(run_id=RUN_ID, kind='run_failed', step_index=2, error=ERROR))
+        await store.register_run(
+            RunRecord(
+                run_id=FORK,
+                agent_name=AGENT,
+                conversation_id=ELSEWHERE,
+                origin=RunOrigin(kind='forked', run_id=RUN_ID, seq=1),
+            )
+        )
     return url
 
 
@@ -61,6 +85,8 @@ async def test_stored_text_is_shown_literally_and_never_reaches_the_terminal_as_
     assert not any(ord(character) < 0x20 and character not in '\n' for character in output), repr(output)
     assert not any(0x7F <= ord(character) <= 0x9F or character == '\u202e' for character in output), repr(output)
     assert 'run\\x1b[31mred' in output, 'the run id is shown, its escape character made visible'
+    for shown in ALSO_SHOWN.get(tuple(command), ()):
+        assert shown in output, f'{shown} is shown too, escaped'
 
 
 async def test_markup_in_stored_text_is_text_even_on_a_colour_terminal(

@@ -17,6 +17,7 @@ import termios
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pydantic_ai.messages import ModelRequest, UserPromptPart
@@ -30,7 +31,7 @@ from step_persistence import (
     ToolEffectRecord,
     from_spec,
 )
-from step_persistence.cli.listing import BATCH, select_summaries, summaries_in_one_query
+from step_persistence.cli.listing import BATCH, candidate_runs, select_summaries, summaries_in_one_query
 from step_persistence.reporting import summarize_runs
 from support.console_script import SCRIPT, cli
 
@@ -91,8 +92,22 @@ async def test_newest_first_with_a_limit(store_url: str) -> None:
     assert listed(store_url, '--newest-first', '--limit', '1') == ['run-59']
     assert listed(store_url, '--status', 'crashed', '--limit', '2') == ['run-53', 'run-43']
 
+    since = (START + timedelta(minutes=30)).isoformat()
+    assert listed(store_url, '--since', since, '--limit', '2') == ['run-59', 'run-58']
+    assert listed(store_url, '--since', since, '--oldest-first', '--limit', '2') == ['run-30', 'run-31']
+    assert listed(store_url, '--since', since, '--limit', '0') == newest[:30]
+    assert listed(store_url, '--agent', 'agent', '--limit', '3') == newest[:3]
+    assert listed(store_url, '--agent', 'someone else') == []
+
     shown = cli('runs', 'list', '--store', store_url, '--limit', '10')
     assert 'showing the newest 10 matching runs' in shown.stderr
+    assert cli('runs', 'list', '--store', store_url, '--since', since, '--limit', '30').stderr == '', (
+        'exactly 30 runs started since: no more to show'
+    )
+    assert (
+        'showing the oldest 29'
+        in cli('runs', 'list', '--store', store_url, '--since', since, '--limit', '29', '--oldest-first').stderr
+    )
     assert cli('runs', 'list', '--store', store_url, '--limit', '0').stderr == ''
     assert '--limit' in cli('runs', 'list', '--store', store_url, '--limit', '-1', expect=2).stderr
 
@@ -207,15 +222,42 @@ async def test_a_unique_prefix_names_a_run_in_every_command(tmp_path: Path) -> N
 
 
 class CountingStore(InMemoryStepStore):
-    """Counts the runs whose events a reader asked for."""
+    """Counts the runs whose events a reader asked for, and records how runs were listed."""
 
     def __init__(self) -> None:
         super().__init__()
         self.events_read: list[str] = []
+        self.listings: list[dict[str, object]] = []
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         self.events_read.append(run_id)
         return await super().list_events(run_id=run_id)
+
+    async def list_runs(self, **filters: Any) -> list[RunRecord]:
+        self.listings.append(filters)
+        return await super().list_runs(**filters)
+
+
+async def test_the_store_filters_orders_and_limits_the_runs_listed() -> None:
+    store = CountingStore()
+    for minute in range(100):
+        await add_run(store, f'run-{minute:03d}', minute, conversation_id=f'chat-{minute % 2}')
+    since = START + timedelta(minutes=97)
+
+    newest = await candidate_runs(store, conversation_id='chat-1', agent_name='agent', wanted=3)
+    assert [record.run_id for record in newest] == ['run-099', 'run-097', 'run-095']
+    recent = await candidate_runs(store, since=since, wanted=5)
+    assert [record.run_id for record in recent] == ['run-099', 'run-098', 'run-097']
+    oldest_recent = await candidate_runs(store, since=since, newest_first=False, wanted=2)
+    assert [record.run_id for record in oldest_recent] == ['run-097', 'run-098', 'run-099']
+    assert len(await candidate_runs(store)) == 100
+    assert [(listing['limit'], listing['newest_first']) for listing in store.listings] == [
+        (3, True),
+        (5, True),
+        (None, False),
+        (None, True),
+    ], 'limited by the store unless an oldest-first --since needs every run'
+    assert store.listings[0]['conversation_id'] == 'chat-1' and store.listings[0]['agent_name'] == 'agent'
 
 
 async def test_only_the_runs_shown_are_summarised() -> None:

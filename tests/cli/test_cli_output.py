@@ -40,7 +40,7 @@ def store_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 async def test_every_json_output_spells_instants_one_way(store_url: str) -> None:
     async with from_spec(store_url) as store:
-        await store.register_run(RunRecord(run_id='parent'))
+        await store.register_run(RunRecord(run_id='parent', conversation_id='chat'))
         await store.register_run(RunRecord(run_id='child', parent_run_id='parent'))
         for run_id in ('parent', 'child'):
             await store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=0))
@@ -55,6 +55,8 @@ async def test_every_json_output_spells_instants_one_way(store_url: str) -> None
         'runs tree': cli('runs', 'tree', 'parent', '--store', store_url, '--json').stdout,
         'runs unresolved': cli('runs', 'unresolved', '--store', store_url, '--json').stdout,
         'report': cli('report', '--store', store_url, '--json').stdout,
+        'conversations list': cli('conversations', 'list', '--store', store_url, '--json').stdout,
+        'conversations show': cli('conversations', 'show', 'chat', '--store', store_url, '--json').stdout,
         'prune': cli('prune', '--older-than', '30d', '--dry-run', '--store', store_url, '--json').stdout,
     }
     for command, printed in outputs.items():
@@ -69,6 +71,7 @@ def test_help_reads_plainly() -> None:
         assert '<bool>' not in help_text and '{' not in help_text, (words, help_text)
         if words[0] == 'runs' and words[1] not in ('list', 'unresolved'):
             assert re.search(r'Usage: step-persistence runs \w+ \[OPTIONS\] RUN\b', help_text), help_text
+    assert 'Usage: step-persistence conversations show [OPTIONS] ID' in cli('conversations', 'show', '--help').stdout
     assert 'RUN CALL' in cli('runs', 'resolve', '--help').stdout
     assert '--store' in cli('demo', '--help').stdout
 

@@ -48,14 +48,23 @@ def loaded(*args: str) -> set[str]:
 
 @pytest.mark.parametrize(
     'args',
-    [['--help'], ['runs', '--help'], ['runs', 'list', '--help'], ['db', 'upgrade', '--help'], ['report', '--help']],
+    [
+        ['--help'],
+        ['runs', '--help'],
+        ['runs', 'list', '--help'],
+        ['db', 'upgrade', '--help'],
+        ['report', '--help'],
+        ['conversations', '--help'],
+        ['conversations', 'show', '--help'],
+    ],
 )
 def test_help_imports_nothing_heavy(args: list[str]) -> None:
     assert loaded(*args) == set()
 
 
-def test_a_file_store_command_imports_no_sql_and_no_other_driver(tmp_path: Path) -> None:
-    found = loaded('runs', 'list', '--store', f'file://{tmp_path}')
+@pytest.mark.parametrize('words', [['runs', 'list'], ['conversations', 'list']])
+def test_a_file_store_command_imports_no_sql_and_no_other_driver(words: list[str], tmp_path: Path) -> None:
+    found = loaded(*words, '--store', f'file://{tmp_path}')
     assert found & {'sqlalchemy', 'alembic', 'asyncpg', 'pymongo', 'motor', 'aiosqlite'} == set(), found
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import typer
 
-from step_persistence.cli import db, runs
+from step_persistence.cli import conversations, db, runs
 from step_persistence.cli._common import DEFAULT_STORE, Command, Group, StoreOption
 from step_persistence.cli.copy import copy
 from step_persistence.cli.maintenance import gc, prune
@@ -28,6 +28,7 @@ app = typer.Typer(
     cls=Group,
 )
 app.add_typer(runs.app, name='runs')
+app.add_typer(conversations.app, name='conversations')
 app.add_typer(db.app, name='db')
 app.command(cls=Command)(report)
 app.command(cls=Command)(copy)

@@ -52,6 +52,7 @@ __all__ = [
     'parse_duration',
     'parse_since',
     'print_json',
+    'resolve_conversation_id',
     'resolve_run_id',
     'run',
     'stderr',
@@ -266,29 +267,45 @@ async def open_store(url: str) -> AsyncIterator[StepStore]:
 
 
 CANDIDATES_SHOWN = 10
-"""How many matching run ids an ambiguous prefix lists."""
+"""How many matching ids an ambiguous prefix lists."""
 
 
 async def resolve_run_id(store: StepStore, given: str) -> str:
     """The id of the run `given` names: the run with exactly that id, else the one run whose id starts with it.
 
     Raises `LookupError` (not found, 3) when no run matches, and `UsageError` (2) listing the
-    candidates when several do. An exact id costs one read; a prefix, one listing of the runs.
+    candidates when several do. An exact id costs one read; a prefix, one listing of the runs
+    (the protocol has no prefix query).
     """
     if await store.get_run(run_id=given) is not None:
         return given
-    matches = [record.run_id for record in await store.list_runs() if record.run_id.startswith(given)]
+    return _unique_prefix(given, [record.run_id for record in await store.list_runs()], 'run')
+
+
+async def resolve_conversation_id(store: StepStore, given: str) -> str:
+    """The id of the conversation `given` names: exactly that one when a run has it, else the one
+    conversation whose id starts with it.
+
+    Errors as `resolve_run_id`. An exact id costs one indexed read of one run; a prefix, one
+    listing of the conversations.
+    """
+    if await store.list_runs(conversation_id=given, limit=1):
+        return given
+    summaries = await store.list_conversations(newest_first=False)
+    return _unique_prefix(given, [summary.conversation_id for summary in summaries], 'conversation')
+
+
+def _unique_prefix(given: str, ids: Sequence[str], kind: str) -> str:
+    """The one of `ids` that starts with `given`, or the error for none (`LookupError`) or several (`UsageError`)."""
+    matches = [each for each in ids if each.startswith(given)]
     if len(matches) == 1:
         return matches[0]
     if not matches:
-        raise LookupError(f'run {given!r} does not exist (no run id is or starts with it)')
-    raise UsageError(f'run id prefix {given!r} is ambiguous: {_listing(matches)}')
-
-
-def _listing(run_ids: Sequence[str]) -> str:
-    shown = ', '.join(run_ids[:CANDIDATES_SHOWN])
-    more = len(run_ids) - CANDIDATES_SHOWN
-    return f'{len(run_ids)} run ids start with it: {shown}' + (f' and {more} more' if more > 0 else '')
+        raise LookupError(f'{kind} {given!r} does not exist (no {kind} id is or starts with it)')
+    shown = ', '.join(matches[:CANDIDATES_SHOWN])
+    more = len(matches) - CANDIDATES_SHOWN
+    listing = f'{len(matches)} {kind} ids start with it: {shown}' + (f' and {more} more' if more > 0 else '')
+    raise UsageError(f'{kind} id prefix {given!r} is ambiguous: {listing}')
 
 
 def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:

@@ -1,9 +1,11 @@
 """Which runs `runs list` shows, and their summaries, for as little work as the store allows.
 
-A store that can summarise every run in one query does (the SQL stores' `run_summary` view).
-Through the protocol alone a summary costs three reads per run, so only the runs shown are
-summarised: the records come in display order, and summarising stops once `limit` runs in the
-wanted status are found (plus one, to tell whether there are more), a batch at a time.
+The store filters the records (parent, conversation, agent), orders them and, unless a filter
+applied here needs more, limits them (`candidate_runs`). A store that can summarise every run in
+one query does (the SQL stores' `run_summary` view). Through the protocol alone a summary costs
+three reads per run, so only the runs shown are summarised: the records come in display order,
+and summarising stops once `limit` runs in the wanted status are found (plus one, to tell
+whether there are more), a batch at a time.
 """
 
 from __future__ import annotations
@@ -11,15 +13,44 @@ from __future__ import annotations
 import asyncio
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 
 from step_persistence.protocol import StepStore
 from step_persistence.records import RunRecord, utc_now
 from step_persistence.reporting import RunSummary, summarize_run
 
-__all__ = ['BATCH', 'select_summaries', 'summaries_in_one_query']
+__all__ = ['BATCH', 'candidate_runs', 'select_summaries', 'summaries_in_one_query']
 
 BATCH = 16
 """Runs summarised concurrently through the protocol (each summary is three reads)."""
+
+
+async def candidate_runs(
+    store: StepStore,
+    *,
+    parent_run_id: str | None = None,
+    conversation_id: str | None = None,
+    agent_name: str | None = None,
+    since: datetime | None = None,
+    newest_first: bool = True,
+    wanted: int | None = None,
+) -> list[RunRecord]:
+    """The runs matching every filter given, in display order; at least the first `wanted` of them
+    (`None`: every one).
+
+    The store applies the filters, the order and the limit (`list_runs`); `since` is checked here,
+    after it, which still lets the store limit a newest-first listing (the runs started since an
+    instant are its first ones) but not an oldest-first one, which is then read whole.
+    """
+    limit = wanted if since is None or newest_first else None
+    records = await store.list_runs(
+        parent_run_id=parent_run_id,
+        conversation_id=conversation_id,
+        agent_name=agent_name,
+        newest_first=newest_first,
+        limit=limit,
+    )
+    return records if since is None else [record for record in records if record.started_at >= since]
 
 
 async def summaries_in_one_query(store: StepStore) -> dict[str, RunSummary] | None:

@@ -8,10 +8,11 @@ as long as they need to be (`_common.out`).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -24,14 +25,26 @@ from rich.tree import Tree
 from step_persistence.cli._common import escape
 
 if TYPE_CHECKING:
-    from step_persistence.records import ContinuableSnapshot, StepEvent, ToolEffectRecord
+    from step_persistence.cli.lineage import Continuation, ConversationRun
+    from step_persistence.records import (
+        ContinuableSnapshot,
+        ConversationSummary,
+        RunOrigin,
+        RunRecord,
+        StepEvent,
+        ToolEffectRecord,
+    )
     from step_persistence.reporting import RunSummary, ToolStats
     from step_persistence.status import RunNode
 
 __all__ = [
+    'continuation_text',
+    'conversation_tree',
+    'conversations_table',
     'effects_table',
     'events_table',
     'fitted',
+    'origin_text',
     'print_fitted',
     'run_tree',
     'snapshots_table',
@@ -101,60 +114,99 @@ def print_fitted(console: Console, renderable: RenderableType) -> None:
     console.print(Segments(console.render(renderable, console.options.update_width(needed))), crop=False)
 
 
+Row = TypeVar('Row')
+
+
 @dataclass(frozen=True)
-class _Column:
+class _Column(Generic[Row]):
     header: str
-    cell: Callable[[RunSummary], str]
+    cell: Callable[[Row], str]
     no_wrap: bool = True
     justify: str = 'left'
+
+
+@dataclass(frozen=True)
+class _Columns(Generic[Row]):
+    """A table's columns, in the order shown, and which to leave out first at a narrow terminal."""
+
+    columns: dict[str, _Column[Row]]
+    left_out_first: tuple[str, ...]
+    """Left out in this order until the table fits; a column not named here is always shown."""
+
+    def table(self, rows: Sequence[Row], *, title: str | None, shown: Sequence[str] | None = None) -> Table:
+        """The rows as a table with the `shown` columns (all by default), a caption naming the others."""
+        names = [name for name in self.columns if shown is None or name in shown]
+        left_out = [name for name in self.columns if name not in names]
+        caption = f'not shown at this width: {", ".join(left_out)} (--json has every field)' if left_out else None
+        table = _table(title, caption)
+        for name in names:
+            column = self.columns[name]
+            table.add_column(column.header, no_wrap=column.no_wrap, overflow='fold', justify=column.justify)  # type: ignore[arg-type]
+        for row in rows:
+            table.add_row(*(self.columns[name].cell(row) for name in names))
+        return _pinned(table)
+
+    def fitted(self, console: Console, rows: Sequence[Row], *, title: str | None) -> Table:
+        """`table` with as many columns as fit the console without wrapping an unwrapped column."""
+        shown = list(self.columns)
+        table = self.table(rows, title=title)
+        for name in self.left_out_first:
+            if _natural_width(console, table).minimum <= console.width:
+                break
+            shown.remove(name)
+            table = self.table(rows, title=title, shown=shown)
+        return table
 
 
 def _seconds(value: float | None) -> str:
     return '' if value is None else f'{value:.1f}s'
 
 
-_RUN_COLUMNS: dict[str, _Column] = {
-    'run': _Column('run', lambda s: escape(s.run_id)),
-    'status': _Column('status', lambda s: _status(s.status)),
-    'started': _Column('started', lambda s: when(s.started_at)),
-    'agent': _Column('agent', lambda s: escape(s.agent_name or ''), no_wrap=False),
-    'unresolved': _Column('unresolved', lambda s: str(s.unresolved_effects), justify='right'),
-    'tools': _Column('tools', lambda s: str(s.tool_calls), justify='right'),
-    'failed': _Column('failed', lambda s: str(s.tool_failures), justify='right'),
-    'model': _Column('model', lambda s: str(s.model_requests), justify='right'),
-    'duration': _Column('duration', lambda s: _seconds(s.duration_seconds), justify='right'),
-}
-_SHOWN_ORDER = ('run', 'status', 'started', 'agent', 'duration', 'model', 'tools', 'failed', 'unresolved')
-_LEFT_OUT_FIRST = ('duration', 'model', 'failed', 'tools', 'agent', 'unresolved', 'started')
-"""At a narrow terminal the runs table leaves these out, in this order, until it fits; never the run or status."""
+_RUNS: _Columns[RunSummary] = _Columns(
+    {
+        'run': _Column('run', lambda s: escape(s.run_id)),
+        'status': _Column('status', lambda s: _status(s.status)),
+        'started': _Column('started', lambda s: when(s.started_at)),
+        'agent': _Column('agent', lambda s: escape(s.agent_name or ''), no_wrap=False),
+        'duration': _Column('duration', lambda s: _seconds(s.duration_seconds), justify='right'),
+        'model': _Column('model', lambda s: str(s.model_requests), justify='right'),
+        'tools': _Column('tools', lambda s: str(s.tool_calls), justify='right'),
+        'failed': _Column('failed', lambda s: str(s.tool_failures), justify='right'),
+        'unresolved': _Column('unresolved', lambda s: str(s.unresolved_effects), justify='right'),
+    },
+    left_out_first=('duration', 'model', 'failed', 'tools', 'agent', 'unresolved', 'started'),
+)
+"""The runs table; at a narrow terminal never without the run or its status."""
 
 
 def summaries_table(
-    summaries: Sequence[RunSummary], *, title: str | None = 'Runs', columns: Sequence[str] = ()
+    summaries: Sequence[RunSummary], *, title: str | None = 'Runs', columns: Sequence[str] | None = None
 ) -> Table:
     """The runs as a table with `columns` (all of them by default), in the usual order."""
-    shown = [name for name in _SHOWN_ORDER if not columns or name in columns]
-    left_out = [name for name in _SHOWN_ORDER if name not in shown]
-    caption = f'not shown at this width: {", ".join(left_out)} (--json has every field)' if left_out else None
-    table = _table(title, caption)
-    for name in shown:
-        column = _RUN_COLUMNS[name]
-        table.add_column(column.header, no_wrap=column.no_wrap, overflow='fold', justify=column.justify)  # type: ignore[arg-type]
-    for summary in summaries:
-        table.add_row(*(_RUN_COLUMNS[name].cell(summary) for name in shown))
-    return _pinned(table)
+    return _RUNS.table(summaries, title=title, shown=columns)
 
 
 def fitted(console: Console, summaries: Sequence[RunSummary], *, title: str | None = 'Runs') -> Table:
     """`summaries_table` with as many columns as fit the console without wrapping a run id."""
-    columns = list(_SHOWN_ORDER)
-    table = summaries_table(summaries, title=title)
-    for name in _LEFT_OUT_FIRST:
-        if _natural_width(console, table).minimum <= console.width:
-            break
-        columns.remove(name)
-        table = summaries_table(summaries, title=title, columns=columns)
-    return _pinned(table)
+    return _RUNS.fitted(console, summaries, title=title)
+
+
+_CONVERSATIONS: _Columns[ConversationSummary] = _Columns(
+    {
+        'conversation': _Column('conversation', lambda c: escape(c.conversation_id)),
+        'runs': _Column('runs', lambda c: str(c.run_count), justify='right'),
+        'first started': _Column('first started', lambda c: when(c.first_started_at)),
+        'last started': _Column('last started', lambda c: when(c.last_started_at)),
+        'head run': _Column('head run', lambda c: escape(c.head_run_id)),
+    },
+    left_out_first=('first started', 'runs', 'last started'),
+)
+"""The conversations table; at a narrow terminal never without the conversation or its head run."""
+
+
+def conversations_table(console: Console, summaries: Sequence[ConversationSummary]) -> Table:
+    """The conversations with as many columns as fit the console without wrapping an id."""
+    return _CONVERSATIONS.fitted(console, summaries, title='Conversations')
 
 
 def events_table(events: Sequence[StepEvent]) -> Table:
@@ -227,22 +279,96 @@ def snapshots_table(snapshots: Sequence[ContinuableSnapshot]) -> Table:
     return _pinned(table)
 
 
-def run_tree(root: RunNode) -> Tree:
-    tree = Tree(_node_label(root))
-    _add_children(tree, root)
-    return tree
+def origin_text(origin: RunOrigin, *, beside: bool = False) -> str:
+    """`continued from RUN #3` (or `forked from ...`); `continued from #3` when the run is `beside` it in a tree."""
+    source = '' if beside else f'[bold]{escape(origin.run_id)}[/] '
+    return f'{escape(origin.kind)} from {source}#{origin.seq}'
 
 
-def _node_label(node: RunNode) -> str:
-    label = f'{escape(node.record.agent_name or "?")}  [bold]{escape(node.record.run_id)}[/]  {_status(node.status)}'
-    for effect in node.unresolved:
+def continuation_text(continuation: Continuation) -> str:
+    """`continued by RUN (from #3)`, or `forked by ...`: a run that went on from one of this run's snapshots."""
+    return f'{escape(continuation.kind)} by [bold]{escape(continuation.run_id)}[/] (from #{continuation.seq})'
+
+
+def _run_label(
+    record: RunRecord, status: str, unresolved: Sequence[ToolEffectRecord], *, notes: Sequence[str] = ()
+) -> str:
+    """`agent  RUN  status  notes...`, then a line per unresolved effect."""
+    label = '  '.join(
+        [f'{escape(record.agent_name or "?")}', f'[bold]{escape(record.run_id)}[/]', _status(status), *notes]
+    )
+    for effect in unresolved:
         label += f'\n[bold red]! unresolved {escape(effect.tool_name)} ({escape(effect.tool_call_id)})[/]'
     return label
 
 
-def _add_children(branch: Tree, node: RunNode) -> None:
-    for child in node.children:
-        _add_children(branch.add(_node_label(child)), child)
+def run_tree(root: RunNode, continuations: Mapping[str, Sequence[Continuation]] | None = None) -> Tree:
+    """The delegation tree under `root`, each run with its origin and the runs that went on from it
+    (`continuations`, by run id)."""
+    went_on = continuations or {}
+
+    def label(node: RunNode) -> str:
+        origin = node.record.origin
+        text = _run_label(
+            node.record, node.status, node.unresolved, notes=[] if origin is None else [origin_text(origin)]
+        )
+        return text + ''.join(f'\n[dim]{continuation_text(each)}[/]' for each in went_on.get(node.record.run_id, ()))
+
+    tree = Tree(label(root))
+    branches = [(tree, root)]
+    while branches:
+        branch, node = branches.pop()
+        branches.extend((branch.add(label(child)), child) for child in node.children)
+    return tree
+
+
+_OUTSIDE: dict[str, str] = {
+    'other_conversation': 'in another conversation',
+    'not_stored': 'no longer stored',
+    'cycle': 'which descends from this run',
+}
+
+
+def conversation_tree(conversation_id: str, runs: Sequence[ConversationRun]) -> Tree:
+    """The conversation's runs as a tree of continuations and forks, headed by `conversation_id`.
+
+    A run that continues the one above it at the same level says `continued from #N`, so a chat
+    reads down one column. The other runs that went on from a run (forks, or a continuation of an
+    older snapshot) hang under it, each starting a column of its own under a `forked from #N`
+    (or `continued from #N`) heading. A run whose origin is outside the conversation starts a
+    column at the top level, its origin named with a note.
+    """
+    by_id = {run.record.run_id: run for run in runs}
+    tree = Tree(f'Conversation [bold]{escape(conversation_id)}[/]  ({len(runs)} runs)')
+    columns: deque[tuple[Tree, ConversationRun]] = deque((tree, run) for run in runs if run.parent_id is None)
+    while columns:
+        branch, first = columns.popleft()
+        following: ConversationRun | None = first
+        while following is not None:
+            member = following
+            node = branch.add(_conversation_label(member, first=member is first))
+            children = [by_id[child] for child in member.children]
+            following = next((child for child in children if _continues(child)), None)
+            for child in children:
+                if child is not following and child.record.origin is not None:
+                    columns.append((node.add(f'[dim]{origin_text(child.record.origin, beside=True)}[/]'), child))
+    return tree
+
+
+def _continues(run: ConversationRun) -> bool:
+    return run.record.origin is not None and run.record.origin.kind == 'continued'
+
+
+def _conversation_label(run: ConversationRun, *, first: bool) -> str:
+    """A run's line: its origin as `continued from #N` when it follows a run in its column, named
+    with a note when it is outside the conversation, left to the heading when it starts a fork."""
+    notes = [f'[dim]{when(run.record.started_at)}[/]']
+    origin, outside = run.record.origin, run.origin_outside
+    if origin is not None and outside is not None:
+        notes.append(f'{origin_text(origin)} [yellow]({_OUTSIDE[outside]})[/]')
+    elif origin is not None and not first:
+        notes.append(origin_text(origin, beside=True))
+    return _run_label(run.record, run.status, run.unresolved, notes=notes)
 
 
 def tool_stats_table(stats: Sequence[ToolStats]) -> Table:

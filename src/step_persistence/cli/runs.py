@@ -5,6 +5,7 @@ Every command that takes a run id takes a unique prefix of one (`_common.resolve
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
@@ -31,7 +32,9 @@ from step_persistence.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from step_persistence.cli.lineage import Continuation
     from step_persistence.protocol import StepStore
+    from step_persistence.status import RunNode
 
 app = typer.Typer(help='Inspect, resolve and delete persisted runs.', no_args_is_help=True, cls=Group)
 
@@ -63,17 +66,19 @@ def list_runs(
     cutoff = parse_since(since)
 
     async def main() -> tuple[list[object], bool]:
-        from step_persistence.cli.listing import select_summaries
+        from step_persistence.cli.listing import candidate_runs, select_summaries
 
         async with open_store(store) as opened:
             parent_id = None if parent is None else await _parent_id(opened, parent)
-            records = [
-                record
-                for record in await opened.list_runs(parent_run_id=parent_id, conversation_id=conversation)
-                if (agent is None or record.agent_name == agent) and (cutoff is None or record.started_at >= cutoff)
-            ]
-            if not oldest_first:
-                records.reverse()
+            records = await candidate_runs(
+                opened,
+                parent_run_id=parent_id,
+                conversation_id=conversation,
+                agent_name=agent,
+                since=cutoff,
+                newest_first=not oldest_first,
+                wanted=None if status is not None or not limit else limit + 1,
+            )
             summaries, more = await select_summaries(opened, records, status=status, limit=limit or None)
             return list(summaries), more
 
@@ -102,9 +107,10 @@ async def _parent_id(store: StepStore, given: str) -> str:
 
 @app.command(cls=Command)
 def show(run_id: RunArgument, store: StoreOption = DEFAULT_STORE, json_output: JsonOption = False) -> None:
-    """Show one run: its record, event timeline, tool effects and snapshots."""
+    """Show one run: its record, origin and continuations, event timeline, tool effects and snapshots."""
 
     async def main() -> None:
+        from step_persistence.cli.lineage import continuations
         from step_persistence.reporting import run_tool_effects, summarize_run
 
         async with open_store(store) as opened:
@@ -116,11 +122,13 @@ def show(run_id: RunArgument, store: StoreOption = DEFAULT_STORE, json_output: J
             effects = await run_tool_effects(opened, found, events)
             snapshots = await opened.list_snapshots(run_id=found, include_interrupted=True)
             summary = await summarize_run(opened, record)
+            went_on = await continuations(opened, found)
         if json_output:
             print_json(
                 {
                     'run': record,
                     'summary': summary,
+                    'continuations': went_on,
                     'events': events,
                     'tool_effects': effects,
                     'snapshots': [
@@ -129,9 +137,20 @@ def show(run_id: RunArgument, store: StoreOption = DEFAULT_STORE, json_output: J
                 }
             )
             return
-        from step_persistence.cli.render import effects_table, events_table, fitted, print_fitted, snapshots_table
+        from step_persistence.cli.render import (
+            continuation_text,
+            effects_table,
+            events_table,
+            fitted,
+            origin_text,
+            print_fitted,
+            snapshots_table,
+        )
 
         out().print(f'Run [bold]{escape(found)}[/]', soft_wrap=True, highlight=False)
+        lineage = [] if record.origin is None else [origin_text(record.origin)]
+        for line in [*lineage, *(continuation_text(each) for each in went_on)]:
+            out().print(line, soft_wrap=True, highlight=False)
         print_fitted(out(), fitted(out(), [summary], title=None))
         display(events_table(events))
         display(effects_table(effects))
@@ -142,21 +161,43 @@ def show(run_id: RunArgument, store: StoreOption = DEFAULT_STORE, json_output: J
 
 @app.command(cls=Command)
 def tree(run_id: RunArgument, store: StoreOption = DEFAULT_STORE, json_output: JsonOption = False) -> None:
-    """Show the delegation tree under a run, with statuses and unresolved effects."""
+    """Show the delegation tree under a run, with statuses, unresolved effects, origins and continuations."""
 
     async def main() -> None:
+        from step_persistence.cli.lineage import continuations_of
         from step_persistence.status import load_run_tree
 
         async with open_store(store) as opened:
             root = await load_run_tree(opened, await resolve_run_id(opened, run_id))
+            went_on = await continuations_of(opened, (node.record.run_id for node in _delegation_nodes(root)))
         if json_output:
-            print_json(root)
+            print_json(_tree_json(root, went_on))
             return
         from step_persistence.cli.render import print_fitted, run_tree
 
-        print_fitted(out(), run_tree(root))
+        print_fitted(out(), run_tree(root, went_on))
 
     run(main)
+
+
+def _delegation_nodes(root: RunNode) -> list[RunNode]:
+    """Every node of the tree under `root`, `root` first."""
+    nodes, index = [root], 0
+    while index < len(nodes):
+        nodes.extend(nodes[index].children)
+        index += 1
+    return nodes
+
+
+def _tree_json(node: RunNode, went_on: Mapping[str, Sequence[Continuation]]) -> dict[str, object]:
+    """`runs tree --json` of a node: record, status, unresolved effects, the runs that went on from it, children."""
+    return {
+        'record': node.record,
+        'status': node.status,
+        'unresolved': node.unresolved,
+        'continuations': list(went_on.get(node.record.run_id, ())),
+        'children': [_tree_json(child, went_on) for child in node.children],
+    }
 
 
 @app.command(cls=Command)
