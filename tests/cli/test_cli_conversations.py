@@ -122,7 +122,7 @@ async def test_conversations_are_listed_by_their_newest_run(chat_url: str) -> No
 
     shown = cli('conversations', 'list', '--store', chat_url, '--limit', '1')
     assert 'reports' in shown.stdout and CHAT not in shown.stdout
-    assert 'showing the 1 conversations with the newest last runs' in shown.stderr
+    assert 'showing the newest 1 conversations (by their last run)' in shown.stderr
     table = cli('conversations', 'list', '--store', chat_url).stdout
     assert any(CHAT in line and 'orphan' in line and ' 7 ' in line for line in table.splitlines()), table
     assert cli('conversations', 'list', '--store', chat_url).stderr == ''
@@ -275,3 +275,7 @@ async def test_origins_that_loop_are_cut_at_the_oldest_run() -> None:
         '└── chat  c  completed  2026-01-01 00:02:00Z  continued from c #1 (which descends from this run)',
     ]
     assert await load_conversation(store, 'nothing') == []
+
+    await add_run(store, 'alone', 3, conversation='single')
+    console.print(conversation_tree('single', await load_conversation(store, 'single')))
+    assert 'Conversation single  (1 run)' in console.export_text()

@@ -73,7 +73,7 @@ def list_conversations(
     print_fitted(out(), conversations_table(out(), shown))
     if len(found) > len(shown):
         end = 'oldest' if oldest_first else 'newest'
-        warn(f'showing the {limit} conversations with the {end} last runs; --limit N shows more, --limit 0 every one')
+        warn(f'showing the {end} {limit} conversations (by their last run); --limit N shows more, --limit 0 every one')
 
 
 @app.command(cls=Command)

@@ -339,7 +339,8 @@ def conversation_tree(conversation_id: str, runs: Sequence[ConversationRun]) -> 
     column at the top level, its origin named with a note.
     """
     by_id = {run.record.run_id: run for run in runs}
-    tree = Tree(f'Conversation [bold]{escape(conversation_id)}[/]  ({len(runs)} runs)')
+    count = f'{len(runs)} run' + ('' if len(runs) == 1 else 's')
+    tree = Tree(f'Conversation [bold]{escape(conversation_id)}[/]  ({count})')
     columns: deque[tuple[Tree, ConversationRun]] = deque((tree, run) for run in runs if run.parent_id is None)
     while columns:
         branch, first = columns.popleft()
