@@ -34,7 +34,7 @@ from pydantic_ai.messages import (
 from pydantic_ai.models import ModelRequestContext
 from pydantic_ai.result import FinalResult
 from pydantic_ai.run import AgentRunResult
-from pydantic_ai.tools import RunContext, ToolDefinition
+from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
 from pydantic_graph import End
 
 from step_persistence._active import ACTIVE_RUN, ActiveRun
@@ -82,6 +82,11 @@ class SnapshotSaved(CapabilityEvent, namespace='step_persistence', name='step_sn
     conversation_id: str | None
     step_index: int
     state: Literal['complete', 'interrupted']
+
+    @property
+    def persistence_run_id(self) -> str:
+        """`run_id`, under the name the seed's event uses."""
+        return self.run_id
 
 
 @dataclass
@@ -267,7 +272,7 @@ _DISCARDED_SUMMARY = (
 
 
 @dataclass
-class StepPersistence(AbstractCapability[Any]):
+class StepPersistence(AbstractCapability[AgentDepsT]):
     """Records every step of an agent run into a `StepStore`.
 
     One instance serves many runs. Per run it writes an append-only event log, snapshots of the
@@ -280,7 +285,8 @@ class StepPersistence(AbstractCapability[Any]):
     agent_name: str | None = None
     """Recorded on every record; when set (and `run_id` is not), run ids are derived from it."""
     run_id: str | None = None
-    """An explicit run id for exactly one run of this instance."""
+    """An explicit run id for exactly one run of this instance. On the per-run copy (`for_run`),
+    the id the run is recorded under, derived or not."""
     parent_run_id: str | None = None
     """Explicit parent; by default the enclosing persisted run, if any."""
     metadata: dict[str, str] = field(default_factory=dict[str, str])
@@ -310,7 +316,7 @@ class StepPersistence(AbstractCapability[Any]):
 
     # --- per-run setup ---
 
-    async def for_run(self, ctx: RunContext[Any]) -> StepPersistence:
+    async def for_run(self, ctx: RunContext[Any]) -> StepPersistence[AgentDepsT]:
         run_id = self._resolve_run_id(ctx)
         enclosing = ACTIVE_RUN.get()
         parent_run_id = self.parent_run_id
@@ -319,7 +325,7 @@ class StepPersistence(AbstractCapability[Any]):
         agent_name = self.agent_name
         if agent_name is None and ctx.agent is not None:
             agent_name = ctx.agent.name
-        copy = dataclasses.replace(self)
+        copy = dataclasses.replace(self, run_id=run_id)
         copy._encodings = self._encodings
         copy._state = _RunState(
             active=ActiveRun(run_id=run_id, store=self.store),
@@ -817,11 +823,25 @@ class StepPersistence(AbstractCapability[Any]):
     # --- specs ---
 
     @classmethod
-    def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence:
-        """Build from an agent spec: `store` may be a backend name, a URL, or a mapping of `from_spec` options."""
+    def from_spec(cls, *args: Any, **kwargs: Any) -> StepPersistence[Any]:
+        """Build from an agent spec (`Agent.from_spec`) or plain values.
+
+        The store is `store=`: a `StepStore`, a backend name, a URL, or a mapping of
+        `step_persistence.from_spec` options; or, in the seed's form, `backend=` (`'memory'`,
+        `'file'`, `'sqlite'`, a URL, ...) with the store's own options beside the capability's
+        (`directory=`, `database=`, `max_snapshots_per_run=`, ...). An unknown backend raises `ValueError`.
+        """
         from step_persistence.spec import from_spec
 
         store = kwargs.pop('store', None)
+        if 'backend' in kwargs:
+            if store is not None:
+                raise ValueError('give the store as store= or as backend= with its options, not both')
+            capability_options = {field.name for field in dataclasses.fields(cls) if field.init}
+            own = capability_options & kwargs.keys()
+            store_options = {name: value for name, value in kwargs.items() if name not in own}
+            kwargs = {name: kwargs[name] for name in own}
+            store = from_spec(**store_options)
         if store is not None and not isinstance(store, StepStore):
             kwargs['store'] = from_spec(**store) if isinstance(store, dict) else from_spec(store)
         elif store is not None:

@@ -175,6 +175,19 @@ class ContinuableSnapshot(_Record):
 
     _encoded: tuple[EncodedMessage, ...] | None = PrivateAttr(default=None)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal when every field but the store-assigned `seq` is, the messages compared by their JSON:
+        a snapshot read back equals the one saved (pydantic-ai reads a `BinaryContent` back as its
+        `BinaryImage` subclass, equal in JSON)."""
+        if not isinstance(other, ContinuableSnapshot):
+            return NotImplemented
+        unassigned = {'seq': None, 'messages': None}
+        return {**self.__dict__, **unassigned} == {**other.__dict__, **unassigned} and [
+            message.digest for message in self.encoded_messages()
+        ] == [message.digest for message in other.encoded_messages()]
+
+    __hash__ = None  # type: ignore[assignment]  # a history is a list: snapshots are not hashable
+
     @classmethod
     def from_encoded(
         cls,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -456,9 +457,11 @@ def test_derived_run_ids_are_injective_and_path_safe() -> None:
     assert len(set(derived)) == len(pairs)
     for run_id in derived:
         validate_path_safe_run_id(run_id)
-    assert derive_run_id('code_librarian', '0198-ab').startswith('code_librarian')
+    assert re.fullmatch(r'code_librarian-[0-9a-f]{16}', derive_run_id('code_librarian', '0198-ab'))
+    assert derive_run_id('code_librarian', '0198-ab') == derive_run_id('code_librarian', '0198-ab')
+    assert derive_run_id('code_librarian', '0198-ab') != derive_run_id('code_librarian', '0198-ac')
     with pytest.raises(ValueError, match='200'):
-        derive_run_id('x' * 190, 'y' * 20)
+        derive_run_id('x' * 190, 'y')
 
 
 def test_is_provider_valid() -> None:

@@ -35,6 +35,8 @@ class SnapshotsConformance(ConformanceBase):
         )
         assert latest.timestamp == saved.timestamp
         assert latest.seq is not None
+        assert latest == saved, 'a snapshot read back equals the one saved (seq, assigned by the store, aside)'
+        assert [await store.latest_snapshot(run_id='snap')] == await store.list_snapshots(run_id='snap')
 
     async def test_snapshot_is_a_copy_of_the_history(self, store: StepStore) -> None:
         await self._register(store, 'copy')
