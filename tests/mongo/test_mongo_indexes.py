@@ -32,26 +32,49 @@ async def test_indexes_are_created_once_on_the_first_write(mongo_server: MongoSe
         assert log.named('createIndexes') == []
         for run_id in ('a', 'b', 'c'):
             await write_a_little_of_everything(store, run_id)
-        assert log.named('createIndexes') == ['runs', 'events', 'snapshots', 'tool_effects', 'messages']
+        assert log.named('createIndexes') == [
+            'runs',
+            'events',
+            'snapshots',
+            'tool_effects',
+            'messages',
+            'conversations',
+        ]
     finally:
         await client.close()
 
     db = scratch.client[database]
     runs = await db['runs'].index_information()
-    assert runs['conversation_id']['sparse'] and runs['parent_run_id']['sparse']
-    assert runs['started_at']['key'] == [('started_at', 1), ('started_at_us', 1), ('registration', 1)]
+    order = [('started_at', 1), ('started_at_us', 1), ('registration', 1)]
+    assert runs['started_at']['key'] == order
+    for name, field in [
+        ('conversation_started', 'conversation_id'),
+        ('parent_started', 'parent_run_id'),
+        ('agent_started', 'agent_name'),
+        ('origin_started', 'origin.run_id'),
+    ]:
+        assert runs[name]['key'] == [(field, 1), *order]
+    continued = runs['continued_origin']
+    assert continued['key'] == [('origin.run_id', 1), ('origin.seq', 1)] and continued['unique']
+    assert continued['partialFilterExpression'] == {'origin.kind': 'continued'}
     for collection in ('events', 'snapshots'):
         indexes = await db[collection].index_information()
         assert indexes['run_seq']['unique']
         keyed = indexes['run_idempotency_key']
         assert keyed['unique'] and keyed['partialFilterExpression'] == {'idempotency_key': {'$type': 'string'}}
-    assert (await db['snapshots'].index_information())['run_state_seq']['key'] == [
-        ('run_id', 1),
-        ('state', 1),
-        ('seq', 1),
-    ]
+    snapshots = await db['snapshots'].index_information()
+    assert snapshots['run_state_seq']['key'] == [('run_id', 1), ('state', 1), ('seq', 1)]
+    assert snapshots['line']['key'] == [('line', 1)]
+    assert snapshots['history_digest']['key'] == [('history_digest', 1), ('run_id', 1), ('seq', 1)]
     effects = await db['tool_effects'].index_information()
     assert effects['run_tool_call']['unique'] and effects['run_status']['key'] == [('run_id', 1), ('status', 1)]
+    messages = await db['messages'].index_information()
+    assert messages['line_no']['key'] == [('line', 1), ('no', 1)] and messages['line_no']['unique']
+    assert messages['line_no']['partialFilterExpression'] == {'line': {'$type': 'string'}}
+    assert messages['line_position_no']['key'] == [('line', 1), ('position', 1), ('no', -1)]
+    conversations = await db['conversations'].index_information()
+    assert conversations['last_started']['key'] == [('last.at', 1), ('last.us', 1), ('_id', 1)]
+    assert 'lines' not in await db.list_collection_names(), 'no branch: no lines collection'
 
 
 async def test_indexes_are_built_over_data_already_stored(scratch: Scratch) -> None:

@@ -200,10 +200,16 @@ async def _mongo(request: pytest.FixtureRequest, driver: Driver) -> AsyncIterato
         async def count_media_blobs() -> int:
             return sum([await scratch.client[name]['media'].count_documents({}) for name in scratch.databases])
 
+        async def count_stored_messages() -> int:
+            """Message documents holding a version (a reclaimed one's tombstone holds none)."""
+            stored = {'reclaimed': {'$exists': False}}
+            return sum([await scratch.client[name]['messages'].count_documents(stored) for name in scratch.databases])
+
         async with closing(
             lambda **options: MongoStepStore(client=scratch.client, database=scratch.fresh_database(), **options),
             spec=lambda **options: {'backend': 'mongo', 'db_url': server.uri, 'database': shared, **options},
             count_media_blobs=count_media_blobs,
+            count_stored_messages=count_stored_messages,
         ) as session:
             yield session
 

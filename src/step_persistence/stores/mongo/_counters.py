@@ -69,12 +69,6 @@ class Counters:
             partial(self._counters.update_one, {'_id': run_id}, {'$set': {'registration': registration}}, upsert=True)
         )
 
-    async def registration(self, run_id: str) -> int | None:
-        """The run's `registration` as its counters record it (`None` if it has no counters document)."""
-        document = await self._counters.find_one({'_id': run_id}, {'registration': 1})
-        registration = None if document is None else document.get('registration')
-        return registration if isinstance(registration, int) and not isinstance(registration, bool) else None
-
     async def allocate(self, run_id: str, **increments: int) -> Allocation:
         """Add `increments` to the run's counters and return them.
 

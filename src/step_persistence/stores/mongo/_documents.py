@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pydantic import BaseModel
 
 from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.stores.mongo._lines import check_line, legacy_line
 
 __all__ = [
+    'StoredView',
     'decode_metadata_key',
     'encode_metadata_key',
     'event_document',
@@ -35,6 +38,7 @@ __all__ = [
     'run_from_document',
     'snapshot_document',
     'snapshot_from_document',
+    'stored_view',
     'tool_effect_from_document',
     'tool_effect_update',
     'with_time',
@@ -105,15 +109,30 @@ def _optional(document: dict[str, Any], **fields: str | None) -> dict[str, Any]:
 
 
 def run_document(record: RunRecord, *, registration: int) -> dict[str, Any]:
-    """The `runs` document: `_id` is the run id; `registration` orders runs registered at one instant."""
+    """The `runs` document: `_id` is the run id; `registration` orders runs registered at one instant.
+
+    `origin` (left out when null) is `{kind, run_id, seq}`; a unique partial index on its
+    `(run_id, seq)` where `kind` is `continued` admits one continuation per snapshot.
+    """
     document: dict[str, Any] = {
         '_id': record.run_id,
         'agent_name': record.agent_name,
         'metadata': _metadata_document(record.metadata),
     }
     _optional(document, conversation_id=record.conversation_id, parent_run_id=record.parent_run_id)
+    if record.origin is not None:
+        document['origin'] = {'kind': record.origin.kind, 'run_id': record.origin.run_id, 'seq': record.origin.seq}
     document['registration'] = registration
     return with_time(document, 'started_at', record.started_at)
+
+
+def _origin(document: Mapping[str, Any]) -> dict[str, Any] | None:
+    if 'origin' not in document:  # also every run written before origins existed
+        return None
+    stored = document['origin']
+    if not isinstance(stored, dict) or set(stored) != {'kind', 'run_id', 'seq'}:
+        raise ValueError(f'origin must be an embedded document of kind, run_id and seq, got {stored!r}')
+    return stored
 
 
 def run_from_document(document: Mapping[str, Any]) -> RunRecord:
@@ -125,6 +144,7 @@ def run_from_document(document: Mapping[str, Any]) -> RunRecord:
             'agent_name': document.get('agent_name'),
             'metadata': _metadata(document),
             'started_at': _time(document, 'started_at'),
+            'origin': _origin(document),
         },
         strict=True,
     )
@@ -165,19 +185,34 @@ def event_from_document(document: Mapping[str, Any]) -> StepEvent:
 
 _SNAPSHOT_FIELDS = _stored_as_is(ContinuableSnapshot, 'run_id', 'seq', 'messages', 'timestamp')
 
+_DIGEST = re.compile(r'[0-9a-f]{64}')
 
-def snapshot_document(
-    snapshot: ContinuableSnapshot, *, seq: int, history_length: int, through_message: int
-) -> dict[str, Any]:
-    """The `snapshots` document: header fields and the history as `history_length` + `through_message`.
 
-    Message `i` of the history is the run's message document at position `i` with the largest
-    number not above `through_message`.
+@dataclass(frozen=True, slots=True)
+class StoredView:
+    """Where a snapshot's history is: its view `(line, length, through)` and the digest of the whole history."""
+
+    line: str | None
+    """`None` only for an empty history, which is on no line."""
+    length: int
+    through: int
+    history_digest: str | None
+    """`ContinuableSnapshot.history_digest()`; `None` on snapshots written before it was stored."""
+
+
+def snapshot_document(snapshot: ContinuableSnapshot, *, seq: int, view: StoredView) -> dict[str, Any]:
+    """The `snapshots` document: header fields and the history's view (`line`, `history_length`,
+    `through_message`) with its `history_digest`.
+
+    Message `i` of the history is the newest message document of the line at position `i`
+    numbered at most `through_message`, or, when the line has none there, that of its base.
     """
     document: dict[str, Any] = {'run_id': snapshot.run_id, 'seq': seq}
     document.update({name: getattr(snapshot, name) for name in _SNAPSHOT_FIELDS})
-    document['history_length'] = history_length
-    document['through_message'] = through_message
+    document['line'] = view.line
+    document['history_length'] = view.length
+    document['through_message'] = view.through
+    document['history_digest'] = view.history_digest
     return with_time(document, 'timestamp', snapshot.timestamp)
 
 
@@ -193,14 +228,31 @@ def _number(document: Mapping[str, Any], name: str) -> int:
     return _count(document, name, least=1)
 
 
-def snapshot_from_document(document: Mapping[str, Any]) -> tuple[ContinuableSnapshot, int, int]:
-    """The snapshot without its messages, its `history_length` and its `through_message`.
+def stored_view(document: Mapping[str, Any]) -> StoredView:
+    """The view a snapshot document names; `ValueError` if damaged.
 
-    `ValueError` also for a `history_length` its `through_message` cannot hold: message `i` is a
-    document numbered at most `through_message`, and a document numbered `n` holds a position
-    below `n` (`stores/_positions.plausible_position`), so a history of `L` messages needs
-    `through_message >= L`. Trusting more would make a read look for a billion positions.
+    A document without `line` (nor `history_digest`) was written before lines existed: its view
+    is on its run's legacy line. Whether the view's segments can hold `history_length` messages
+    is checked as it is read (`_messages.py`), so a damaged length allocates nothing.
     """
+    length, through = _count(document, 'history_length'), _count(document, 'through_message')
+    if 'line' not in document:
+        run_id = document.get('run_id')
+        if not isinstance(run_id, str):
+            raise ValueError(f'run_id must be a string, got {run_id!r}')
+        line: str | None = legacy_line(run_id)
+    elif document['line'] is None and length == 0:
+        line = None
+    else:
+        line = check_line(document['line'])
+    digest = document.get('history_digest')
+    if 'line' in document and not (isinstance(digest, str) and _DIGEST.fullmatch(digest)):
+        raise ValueError(f'history_digest must be 64 lowercase hex digits, got {digest!r}')
+    return StoredView(line=line, length=length, through=through, history_digest=digest)
+
+
+def snapshot_from_document(document: Mapping[str, Any]) -> tuple[ContinuableSnapshot, StoredView]:
+    """The snapshot without its messages, and the view its history is in (`stored_view`)."""
     header = ContinuableSnapshot.model_validate(
         {
             'run_id': document['run_id'],
@@ -211,10 +263,7 @@ def snapshot_from_document(document: Mapping[str, Any]) -> tuple[ContinuableSnap
         },
         strict=True,
     )
-    length, through = _count(document, 'history_length'), _count(document, 'through_message')
-    if length > through:
-        raise ValueError(f'a history of {length} messages cannot end at message number {through}')
-    return header, length, through
+    return header, stored_view(document)
 
 
 def tool_effect_update(record: ToolEffectRecord) -> dict[str, Any]:

@@ -1,48 +1,71 @@
-"""Writing snapshot histories as message documents, one per changed position, safely under concurrent writers.
+"""Writing snapshot histories as message documents on a line, safely under concurrent writers.
 
-The history model (positions, numbered rows, `through_message`) is the shared one of
-`stores/_positions.py`; this module is the only place that turns its plans into MongoDB writes.
-Without transactions, message numbers are claimed by inserting the documents themselves (the
-unique `(run_id, no)` index), so the numbers in use always form one unbroken sequence and a head
-learns them with `RunHead.apply` (no `through`: it stops at the first number not seen yet).
+The history model (lines, numbered rows, views, bases) is the shared one of `stores/_positions.py`;
+this module is the only place that turns its plans into MongoDB writes. There are no
+transactions: a number is claimed by inserting its document (the unique `(line, no)` index), and
+numbers are never freed while their line exists (reclaiming leaves a tombstone, `_reclaiming.py`),
+so the numbers of a line always run 1, 2, ... up to its newest, with no gap. Claiming number
+`head.last_no + 1` therefore succeeds exactly when the line's newest row is still the head's own
+`through`: nobody else wrote on the line since the view the head is.
 
-One save, step by step:
+One save, step by step (`_heads.py` found the head first):
 
-1. `plan_saves(head, histories)` numbers the changed positions right after `head.last_no`.
-2. The planned documents are inserted in number order (`MessageStore.insert`, ordered).
-3. If another writer took one of those numbers first, the documents inserted up to there are kept
-   (they are valid versions, known to every later writer), `head` advances by them and catches up
-   with what the other writer stored, and the histories not yet settled are planned and inserted
-   again.
-4. A history's `through` (its snapshot's `through_message`) is returned only once every document
-   before it is in place, so it always means exactly the history it was saved with; `_writes.py`
-   then inserts the snapshot documents that name it.
+1. `plan_saves(head, histories)` numbers the changed positions right after `head.last_no`. A head
+   without a line (a run's first save, with no origin) gets a fresh one, numbered from 1.
+2. The planned documents are inserted in number order on the head's line (`MessageStore.insert`,
+   ordered): one round trip.
+3. If number `head.last_no + 1` was taken (another run or writer appended there since), nothing
+   was inserted: the save branches. A `lines` document for a new line whose base is the head's
+   view is written (`LineBases.branch`), the same positions are planned on it from number 1
+   (`RunHead.branched`: same digests, so packed media stay valid), and inserted there. A head on
+   a legacy line (messages written before lines) always branches: such lines have no unique
+   numbers to claim.
+4. If a number further on was taken (only damage or an interrupted writer can do that), the
+   histories whose documents are all in are settled on the line, and the rest branch from the
+   newest settled one.
+5. Each history's view `(line, through)` is returned once every document it needs is in, so it
+   always means exactly the history it was saved with; `_writes.py` then inserts the snapshot
+   documents that name it. The head moves to the last history's view.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Final
 
 from step_persistence._history import EncodedMessage
 from step_persistence.stores._media import PackedMessage
-from step_persistence.stores._positions import NumberedRow, RunHead, plan_saves
+from step_persistence.stores._positions import NumberedRow, RunHead, SavePlan, plan_saves
+from step_persistence.stores.mongo._lines import LineBases, as_line, fresh_line, is_legacy
 from step_persistence.stores.mongo._messages import MessageStore, message_document
 
-__all__ = ['HistoryWrite']
+__all__ = ['HistoryWrite', 'SavedView']
 
-_MAX_ATTEMPTS: Final = 64
-"""How many times a write re-plans after losing message numbers to other writers before giving up."""
+_MAX_ATTEMPTS: Final = 16
+"""How many lines a write tries before giving up (each attempt after the first is on a fresh branch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SavedView:
+    """Where one saved history is: its line (`None` for an empty history) and its `through_message`."""
+
+    line: str | None
+    through: int
 
 
 class HistoryWrite:
     """The histories of one run's snapshots, saved in order by one write."""
 
-    def __init__(self, messages: MessageStore, run_id: str, histories: Sequence[Sequence[EncodedMessage]]) -> None:
+    def __init__(
+        self, messages: MessageStore, bases: LineBases, run_id: str, histories: Sequence[Sequence[EncodedMessage]]
+    ) -> None:
         self._messages = messages
+        self._bases = bases
         self._run_id = run_id
-        self._digests = [[message.digest for message in history] for history in histories]
+        self.digests = [[message.digest for message in history] for history in histories]
+        """Per history, the digests of its messages."""
         self._encoded = {message.digest: message for history in histories for message in history}
         self._packed: dict[str, PackedMessage] = {}
 
@@ -52,37 +75,61 @@ class HistoryWrite:
         Raises `ValueError` if one would exceed the document size limit, so that a caller doing
         this before its first write leaves the database untouched.
         """
-        await self._pack(plan_saves(head, self._digests).rows)
+        await self._pack(plan_saves(head, self.digests).rows)
 
-    async def write(self, head: RunHead) -> list[int]:
-        """Store the message documents and return each history's `through`; `head` advances with them.
+    async def write(self, head: RunHead) -> tuple[list[SavedView], RunHead]:
+        """Store the message documents; return each history's view and the head after the last one.
 
-        `head` must be the run's (its `incarnation` the run's `registration`); it may be behind
-        other writers.
+        `head` must be the run's (its `incarnation` the run's `registration`); it is not changed.
         """
-        throughs: list[int] = []
-        remaining = self._digests
+        views: list[SavedView] = []
+        remaining = self.digests
+        if not remaining:
+            return views, head
         for _ in range(_MAX_ATTEMPTS):
             plan = plan_saves(head, remaining)
-            await self._pack(plan.rows)
-            documents = [
-                message_document(
-                    self._run_id, no=row.no, position=row.position, digest=row.digest, packed=self._packed[row.digest]
-                )
-                for row in plan.rows
-            ]
-            inserted = await self._messages.insert(documents)
-            head.advance(plan.rows[:inserted])
+            if not plan.rows:
+                views.extend(SavedView(as_line(head.line), through) for through in plan.throughs)
+                return views, self._after(head, remaining[-1], plan.throughs[-1])
+            if head.line is None:
+                head = RunHead(incarnation=head.incarnation, line=fresh_line())
+                plan = plan_saves(head, remaining)
+            elif is_legacy(str(head.line)):
+                head = head.branched(await self._bases.branch(head.base()))
+                plan = plan_saves(head, remaining)
+            inserted = await self._insert(str(head.line), plan)
             settled = bisect_right(plan.ends, inserted)
-            throughs.extend(plan.throughs[:settled])
-            remaining = remaining[settled:]
-            if not remaining:
-                return throughs
-            await self._messages.catch_up(self._run_id, head)
+            views.extend(SavedView(as_line(head.line), through) for through in plan.throughs[:settled])
+            if settled == len(remaining):
+                return views, self._after(head, remaining[-1], plan.throughs[-1])
+            if settled:
+                head = self._after(head, remaining[settled - 1], plan.throughs[settled - 1])
+                remaining = remaining[settled:]
+            head = head.branched(await self._bases.branch(head.base()))
         raise RuntimeError(
-            f'gave up saving messages of run {self._run_id!r}: other writers took the next message number '
-            f'{_MAX_ATTEMPTS} times in a row'
+            f'gave up saving messages of run {self._run_id!r}: the next message number was taken on '
+            f'{_MAX_ATTEMPTS} lines in a row'
         )
+
+    @staticmethod
+    def _after(head: RunHead, digests: Sequence[str], through: int) -> RunHead:
+        """The head once the history `digests` is saved on `head`'s line through `through`: exactly its view."""
+        return RunHead(incarnation=head.incarnation, line=head.line, last_no=through, latest=list(digests))
+
+    async def _insert(self, line: str, plan: SavePlan) -> int:
+        await self._pack(plan.rows)
+        documents = [
+            message_document(
+                line,
+                self._run_id,
+                no=row.no,
+                position=row.position,
+                digest=row.digest,
+                packed=self._packed[row.digest],
+            )
+            for row in plan.rows
+        ]
+        return await self._messages.insert(documents)
 
     async def _pack(self, rows: Sequence[NumberedRow]) -> None:
         for row in rows:

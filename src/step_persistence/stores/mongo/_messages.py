@@ -1,17 +1,25 @@
-"""The `messages` collection: one document per stored version of each position of a run's history.
+"""The `messages` collection: one document per stored version of a history position, numbered per line.
 
-A message document is `{run_id, no, position, digest, body, externalized}`: number `no` (per run,
-1, 2, 3, ...) holds a version of the message at `position` of the run's history. `digest` is the
-SHA-256 of the message's JSON, `body` the JSON text as persisted: the message's own JSON, or,
-when `externalized`, that JSON with its large parts moved to the media store. A snapshot names
-its history with `history_length` and `through_message`: message `i` is the document at position
-`i` with the largest number not above `through_message` (see `_histories.py` for writing).
+A message document is `{line, no, run_id, position, digest, body, externalized}`: number `no`
+(per line, 1, 2, 3, ...) of line `line` holds a version of the message at `position` of the
+histories viewed on that line; `run_id` is the run whose save wrote it (for people reading the
+database: nothing reads it). `digest` is the SHA-256 of the message's JSON, `body` the JSON text as
+persisted: the message's own JSON, or, when `externalized`, that JSON with its large parts moved
+to the media store. Documents written before lines existed have no `line`: they are numbered per
+run, and read as the run's legacy line (`_lines.py`).
+
+A snapshot's history is a view `(line, length, through)` read through its segments (the line,
+then its bases, `stores/_positions.view_segments`): one aggregation per segment finds the newest
+document per position numbered at most the segment's `through`, and `assemble` takes each
+position from the first segment that has it. A reclaimed version keeps its number as a
+*tombstone* `{line, no, run_id, reclaimed: true}` (see `_reclaiming.py`), so numbers stay claimed.
 
 An `externalized` document also carries `stored_digest`, the SHA-256 of its `body` as written.
 Reading re-hashes every body against `digest` (inline) or `stored_digest` (externalized; each
-payload is then checked against its content address by the media store), so a message altered in
-the database, even by one character, makes the snapshots that use it unreadable instead of being
-returned. (Externalized documents written before `stored_digest` existed are read unchecked.)
+payload is then checked against its content address by the media store), and an assembled history
+against its snapshot's `history_digest`, so a message altered in the database, even by one
+character, makes the snapshots that use it unreadable instead of being returned. (Externalized
+documents written before `stored_digest` existed are read unchecked.)
 """
 
 from __future__ import annotations
@@ -21,15 +29,16 @@ from collections.abc import Sequence
 from typing import Any, Final
 
 from pydantic_ai.messages import ModelMessage
-from pymongo import ASCENDING
 from pymongo.errors import BulkWriteError
 
-from step_persistence._history import EncodedMessage, decode_messages
+from step_persistence._history import EncodedMessage, decode_messages, history_digest
 from step_persistence.stores._media import MessageMedia, PackedMessage
-from step_persistence.stores._positions import RunHead
+from step_persistence.stores._positions import ViewSegment, assemble
 from step_persistence.stores.mongo._client import Database, aggregate_all
-from step_persistence.stores.mongo._indexes import MESSAGE_NUMBER_INDEX, is_duplicate_on
+from step_persistence.stores.mongo._documents import StoredView
+from step_persistence.stores.mongo._indexes import LINE_NUMBER_INDEX, is_duplicate_on
 from step_persistence.stores.mongo._limits import WIDEST_NUMBER, check_document_size
+from step_persistence.stores.mongo._lines import LineBases, line_messages
 
 __all__ = ['MessageStore', 'message_document']
 
@@ -39,11 +48,21 @@ _TOO_LARGE_HINT: Final = (
 )
 
 
-def message_document(run_id: str, *, no: int, position: int, digest: str, packed: PackedMessage) -> dict[str, Any]:
-    """The document storing `packed` (a message whose digest is `digest`) as number `no` at `position`."""
+_WIDEST_LINE: Final = 'f' * 24
+"""A line id as long as any this store writes on a message, for measuring a document before its line is known."""
+
+_READ: Final = {'no': 1, 'digest': 1, 'stored_digest': 1, 'body': 1, 'externalized': 1}
+"""What reading a version needs: its number, and what checking and decoding its body needs."""
+
+
+def message_document(
+    line: str, run_id: str, *, no: int, position: int, digest: str, packed: PackedMessage
+) -> dict[str, Any]:
+    """The document storing `packed` (a message whose digest is `digest`) as number `no` of `line` at `position`."""
     document = {
-        'run_id': run_id,
+        'line': line,
         'no': no,
+        'run_id': run_id,
         'position': position,
         'digest': digest,
         'body': packed.data.decode('utf-8'),
@@ -72,56 +91,37 @@ def _intact(document: dict[str, Any]) -> bool:
     return isinstance(expected, str) and _sha256(body) == expected
 
 
-def _integer(value: Any) -> int | None:
+def _position(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
-
-
-def _string(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
 
 
 class MessageStore:
     """Writes and reads one database's `messages` collection through a media policy."""
 
-    def __init__(self, database: Database, media: MessageMedia) -> None:
+    def __init__(self, database: Database, media: MessageMedia, bases: LineBases) -> None:
         self._collection = database['messages']
         self._media = media
+        self._bases = bases
 
     async def pack(self, run_id: str, message: EncodedMessage) -> PackedMessage:
         """The message as it will be stored (payloads moved to the media store); `ValueError` if over 16 MiB."""
         packed = await self._media.pack_message(message)
         check_document_size(
-            message_document(run_id, no=WIDEST_NUMBER, position=WIDEST_NUMBER, digest=message.digest, packed=packed),
+            message_document(
+                _WIDEST_LINE, run_id, no=WIDEST_NUMBER, position=WIDEST_NUMBER, digest=message.digest, packed=packed
+            ),
             what=f'message {message.digest[:12]}',
             run_id=run_id,
             hint=_TOO_LARGE_HINT,
         )
         return packed
 
-    async def catch_up(self, run_id: str, head: RunHead) -> None:
-        """Add to `head` the run's documents numbered above `head.last_no`.
-
-        A document whose body does not match its digest counts as one without a digest, so the
-        next save writes its position again instead of pointing a new snapshot at the damaged
-        body. (A store's own writes advance its head without this read: it happens when a store
-        object first writes to a run it did not register, or after another writer took numbers.)
-        """
-        cursor = self._collection.find(
-            {'run_id': run_id, 'no': {'$gt': head.last_no}},
-            {'_id': 0, 'no': 1, 'position': 1, 'digest': 1, 'stored_digest': 1, 'body': 1, 'externalized': 1},
-        ).sort('no', ASCENDING)
-        rows = [
-            (number, _integer(document.get('position')), _string(document.get('digest')) if _intact(document) else None)
-            async for document in cursor
-            if (number := _integer(document.get('no'))) is not None
-        ]
-        head.apply(rows)
-
     async def insert(self, documents: Sequence[dict[str, Any]]) -> int:
-        """Insert `documents` (numbered consecutively) in order; return how many were inserted.
+        """Insert `documents` (numbered consecutively on one line) in order; return how many were inserted.
 
-        Fewer than all means that the next number was already taken by another writer: the
-        documents from there on were not inserted. Any other failure is raised.
+        Fewer than all means that the next number was already taken on the line (the unique
+        `(line, no)` index): the documents from there on were not inserted. Any other failure is
+        raised.
         """
         if not documents:
             return 0
@@ -131,55 +131,79 @@ class MessageStore:
             failures = error.details.get('writeErrors', [])
             if error.details.get('writeConcernErrors') or not failures:
                 raise
-            if not is_duplicate_on(failures[0], MESSAGE_NUMBER_INDEX, ('run_id', 'no')):
+            if not is_duplicate_on(failures[0], LINE_NUMBER_INDEX, ('line', 'no')):
                 raise
             return int(failures[0]['index'])
         return len(documents)
 
-    async def history(self, run_id: str, *, length: int, through: int) -> list[ModelMessage]:
-        """The `length` messages of a history as of message number `through`, read with one aggregation.
+    async def history(self, view: StoredView) -> list[ModelMessage]:
+        """The messages of a snapshot's view, read with one aggregation per segment.
 
         Raises `ValueError` when a position has no document (damaged or removed documents), a
-        body does not match its digest or is not a message, and whatever the media store raises
-        for a missing or corrupt blob. `length` is at most `through` (see `snapshot_from_document`),
-        and only the documents found are held, so a damaged length allocates nothing.
+        body does not match its digest or is not a message, the history does not match the
+        snapshot's `history_digest`, or the view's segments cannot hold its length; and whatever
+        the media store raises for a missing or corrupt blob. Only the documents found are held,
+        so a damaged length allocates nothing.
         """
-        if length == 0:
+        if view.length == 0 or view.line is None:
+            if view.length:
+                raise ValueError(f'a history of {view.length} messages on no line')
             return []
-        if length > through:
-            raise ValueError(f'a history of {length} messages cannot end at message number {through}')
+        segments = await self._bases.segments(view.line, view.length, view.through)
+        if view.length > sum(segment.through for segment in segments):
+            raise ValueError(f'a history of {view.length} messages cannot end at message number {view.through}')
+        found = [await self._newest(segment, view.length) for segment in segments]
+        documents = assemble(view.length, found)
+        for document in documents:
+            if not _intact(document):
+                raise ValueError(
+                    f'message {document.get("no")!r} is malformed or does not match its digest (a damaged or '
+                    'edited document); the snapshots that use it are unreadable'
+                )
+        if view.history_digest is not None and view.history_digest != history_digest(
+            document['digest'] for document in documents
+        ):
+            raise ValueError('the stored messages do not make up the history the snapshot recorded (damaged documents)')
+        trees = [
+            await self._media.unpack_message(document['body'], externalized=document['externalized'])
+            for document in documents
+        ]
+        return decode_messages(trees)
+
+    async def digests(self, view: StoredView, length: int) -> list[str | None]:
+        """The digest of each of the first `length` messages of a view (at most its length), for a head.
+
+        A position without an intact document is `None` (the next save writes it again), so a
+        damaged view still gives a head; `ValueError` only for damaged line bases.
+        """
+        length = min(length, view.length)
+        if length == 0 or view.line is None:
+            return []
+        segments = await self._bases.segments(view.line, length, view.through)
+        found = [await self._newest(segment, length) for segment in segments]
+        digests: list[str | None] = []
+        for position in range(length):
+            document = next((rows[position] for rows in found if position in rows), None)
+            digest = None if document is None or not _intact(document) else document.get('digest')
+            digests.append(digest if isinstance(digest, str) else None)
+        return digests
+
+    async def _newest(self, segment: ViewSegment, length: int) -> dict[int, dict[str, Any]]:
+        """Per position below `length` (and the segment's), the newest document numbered at most its `through`."""
+        if segment.length == 0 or segment.through == 0:
+            return {}
         found = await aggregate_all(
             self._collection,
             [
-                {'$match': {'run_id': run_id, 'position': {'$gte': 0, '$lt': length}, 'no': {'$lte': through}}},
-                {'$sort': {'position': 1, 'no': -1}},
                 {
-                    '$group': {
-                        '_id': '$position',
-                        'no': {'$first': '$no'},
-                        'digest': {'$first': '$digest'},
-                        'stored_digest': {'$first': '$stored_digest'},
-                        'body': {'$first': '$body'},
-                        'externalized': {'$first': '$externalized'},
+                    '$match': {
+                        **line_messages(str(segment.line)),
+                        'position': {'$gte': 0, '$lt': min(length, segment.length)},
+                        'no': {'$lte': segment.through},
                     }
                 },
-                {'$sort': {'_id': 1}},
+                {'$sort': {'position': 1, 'no': -1}},
+                {'$group': {'_id': '$position', **{name: {'$first': f'${name}'} for name in _READ}}},
             ],
         )
-        for expected, document in enumerate(found):
-            if document['_id'] != expected:
-                raise ValueError(f'no stored message at position {expected} up to number {through}')
-        if len(found) != length:
-            raise ValueError(f'no stored message at position {len(found)} up to number {through}')
-        return decode_messages([await self._tree(document) for document in found])
-
-    async def _tree(self, document: dict[str, Any]) -> Any:
-        if not _intact(document):
-            raise ValueError(
-                f'message {document.get("no")!r} is malformed or does not match its digest (a damaged or edited '
-                'document); the snapshots that use it are unreadable'
-            )
-        return await self._media.unpack_message(document['body'], externalized=document['externalized'])
-
-    async def delete_run(self, run_id: str) -> None:
-        await self._collection.delete_many({'run_id': run_id})
+        return {position: document for document in found if (position := _position(document['_id'])) is not None}

@@ -1,99 +1,307 @@
-"""`collect_media` for `MongoStepStore`: unused message documents, then unreferenced blobs.
+"""Reclaiming message documents on MongoDB: what `delete_run` releases and what `collect_media` collects.
 
-Per run, a message document is kept while it is its position's newest version (the next save of
-the run may reuse it) or a snapshot of the run uses it: the snapshot's `history_length` covers
-its position and its `through_message` lies between the document's number and the next version's.
-Messages of runs that no longer exist (an interrupted `delete_run`) go too. MongoDB writes the
-message documents of a save before its snapshot document, without a transaction, and a save may
-plan its snapshot on a version that another writer supersedes before the snapshot document is
-in: so a version is deleted only once it was superseded more than `grace` ago (the newer
-version's `ObjectId` time, the writer's clock), and a dead run's documents only when older than
-`grace`. With `grace` zero, nothing is protected.
+A message document is used while some view uses it (`stores/_positions.py`): the view of a
+retained snapshot, or the base of a line (a branch keeps the view it starts from). A version is
+reclaimed by turning it into a tombstone `{line, no, run_id, reclaimed: true}` (its body and
+position go), so its number stays claimed and appending stays safe (`_histories.py`); a line
+that goes whole takes its documents and tombstones with it. On a legacy line (never appended to)
+versions are deleted outright.
 
-Blobs are then collected through the store's media store (`collect_blobs`), with the URIs written
-in the remaining externalized message documents as the references.
+- `release_lines` (`delete_run`, before the run's documents go): for each line the run's snapshots
+  are on, a line left with no other snapshot's view and no branch goes whole, and then its base
+  line is looked at the same way; otherwise the versions no remaining view uses go, except those
+  numbered above the deleted run's own highest `through` on the line (a save still in flight may
+  be about to name them).
+- `collect_media`: every version no view uses, and every line without views or branches, once
+  older than `grace` (an `ObjectId`'s time, the writer's clock): MongoDB writes a save's message
+  documents before its snapshot document, without a transaction, and the grace covers the save
+  in between. With `grace` zero nothing is protected. Blobs are then collected through the store's
+  media store (`collect_blobs`), the URIs in the remaining externalized documents being the
+  references.
 
-Damaged documents never stop a collection: a message whose run id, position or number is not what
+Neither protects a view that a save is building on at that very moment when that view's own
+snapshot is deleted or pruned meanwhile (continuing a run while it is being deleted): see
+docs/mongo.md.
+
+Damaged documents never stop a collection: a message whose line, position or number is not what
 the store writes, or whose `_id` is not an `ObjectId` (so its age is unknown), is left alone, and a
-snapshot whose history fields are damaged (unreadable anyway) protects nothing.
+snapshot or line whose view fields are damaged (unreadable anyway) protects nothing.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 from datetime import timedelta
-from itertools import pairwise
-from typing import Any
+from typing import Any, Final
 
 from bson import ObjectId
 
 from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.records import utc_now
+from step_persistence.stores._positions import LineBase
 from step_persistence.stores.mongo._client import Database
+from step_persistence.stores.mongo._documents import StoredView, stored_view
+from step_persistence.stores.mongo._lines import (
+    base_from_document,
+    check_line,
+    is_legacy,
+    legacy_line,
+    line_made_at,
+    line_messages,
+    line_snapshots,
+)
 
-__all__ = ['collect_media']
+__all__ = ['collect_media', 'release_lines']
 
-_BATCH = 1000
+_BATCH: Final = 1000
+
+_TOMBSTONE: Final = {
+    '$set': {'reclaimed': True},
+    '$unset': {'position': '', 'digest': '', 'body': '', 'externalized': '', 'stored_digest': ''},
+}
+
+_VIEW_FIELDS: Final = {'_id': 0, 'run_id': 1, 'line': 1, 'history_length': 1, 'through_message': 1, 'history_digest': 1}
+
+Use = tuple[int, int]
+"""A view's `(length, through)` on one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Version:
+    position: int
+    no: int
+    id: ObjectId
 
 
 def _integer(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
-def _unused(versions: list[tuple[int, int, Any]], uses: list[tuple[int, int]], cutoff: ObjectId | None) -> list[Any]:
-    """The `_id`s of `versions` (a run's `(position, no, _id)`) that no snapshot `(length, through)` uses.
+def _view(document: dict[str, Any]) -> StoredView | None:
+    """The view of a snapshot document, `None` for a tombstone or damaged fields."""
+    if 'history_length' not in document:
+        return None
+    try:
+        return stored_view(document)
+    except ValueError:
+        return None
 
-    A version is a candidate only once a newer version of its position exists, and (with a
-    `cutoff`) that newer one was written before the cutoff: a save in flight may have planned its
-    snapshot with the older version before the newer one was written.
+
+def _message_line(document: dict[str, Any]) -> str | None:
+    """The line a message document is on (`None`: damaged)."""
+    if 'line' not in document:
+        run_id = document.get('run_id')
+        return legacy_line(run_id) if isinstance(run_id, str) and run_id else None
+    try:
+        return check_line(document['line'])
+    except ValueError:
+        return None
+
+
+def unused(versions: Iterable[_Version], uses: Iterable[Use]) -> list[_Version]:
+    """The versions of one line that no use `(length, through)` reads: the newest at a position below
+    `length` numbered at most `through` is used."""
+    by_position: defaultdict[int, list[_Version]] = defaultdict(list)
+    for version in versions:
+        by_position[version.position].append(version)
+    uses = sorted(set(uses), key=lambda use: use[1])
+    found: list[_Version] = []
+    for position, candidates in by_position.items():
+        candidates.sort(key=lambda version: version.no)
+        used: set[int] = set()
+        index = 0
+        for length, through in uses:  # by increasing `through`: each reads the newest candidate up to it
+            while index < len(candidates) and candidates[index].no <= through:
+                index += 1
+            if length > position and index:
+                used.add(candidates[index - 1].no)
+        found.extend(version for version in candidates if version.no not in used)
+    return found
+
+
+async def _release(messages: Any, line: str, versions: list[_Version]) -> int:
+    """Reclaim `versions` of `line` (tombstones; deleted on a legacy line); how many were reclaimed."""
+    reclaimed = 0
+    for start in range(0, len(versions), _BATCH):
+        batch = {'_id': {'$in': [version.id for version in versions[start : start + _BATCH]]}}
+        if is_legacy(line):
+            reclaimed += (await messages.delete_many(batch)).deleted_count
+        else:
+            reclaimed += (
+                await messages.update_many({**batch, 'reclaimed': {'$exists': False}}, _TOMBSTONE)
+            ).modified_count
+    return reclaimed
+
+
+# --- delete_run ---
+
+
+async def release_lines(database: Database, run_id: str) -> None:
+    """Release the message documents of the lines run `run_id`'s snapshots are on, as if those snapshots were gone.
+
+    Call before the run's snapshots are deleted, so that an interrupted delete can be run again.
     """
-    versions = sorted(versions, key=lambda version: (version[0], version[1]))
-    unused: list[Any] = []
-    for (position, number, identifier), following in pairwise(versions):
-        if following[0] != position or (cutoff is not None and following[2] >= cutoff):
+    messages, snapshots, lines = database['messages'], database['snapshots'], database['lines']
+    bounds: dict[str, int] = {}
+    async for document in snapshots.find({'run_id': run_id}, _VIEW_FIELDS):
+        view = _view(document)
+        if view is not None and view.line is not None:
+            bounds[view.line] = max(bounds.get(view.line, 0), view.through)
+    queue = list(bounds.items())
+    while queue:
+        line, bound = queue.pop()
+        uses = [
+            (view.length, view.through)
+            async for document in snapshots.find({**line_snapshots(line), 'run_id': {'$ne': run_id}}, _VIEW_FIELDS)
+            if (view := _view(document)) is not None and view.line == line
+        ]
+        async for document in lines.find({'base.line': line}, {'base': 1}):
+            base = _readable_base(document)
+            if base is not None:
+                uses.append((base.length, base.through))
+        if uses:
+            versions = [
+                version
+                async for document in messages.find(
+                    {**line_messages(line), 'no': {'$lte': bound}, 'reclaimed': {'$exists': False}},
+                    {'position': 1, 'no': 1},
+                )
+                if (version := _version(document)) is not None
+            ]
+            await _release(messages, line, unused(versions, uses))
             continue
-        next_number = following[1]
-        if not any(length > position and number <= through < next_number for length, through in uses):
-            unused.append(identifier)
-    return unused
+        base = await _remove_line(database, line)
+        if base is not None:
+            queue.append((str(base.line), base.through))
 
 
-async def _delete(collection: Any, identifiers: list[Any]) -> int:
-    deleted = 0
-    for start in range(0, len(identifiers), _BATCH):
-        result = await collection.delete_many({'_id': {'$in': identifiers[start : start + _BATCH]}})
-        deleted += result.deleted_count
-    return deleted
+def _readable_base(document: dict[str, Any]) -> LineBase | None:
+    try:
+        return base_from_document(document)
+    except ValueError:
+        return None
+
+
+def _version(document: dict[str, Any]) -> _Version | None:
+    position, number, identifier = _integer(document.get('position')), _integer(document.get('no')), document['_id']
+    if position is None or number is None or not isinstance(identifier, ObjectId):
+        return None
+    return _Version(position, number, identifier)
+
+
+async def _remove_line(database: Database, line: str) -> LineBase | None:
+    """Delete a line's message documents, then its `lines` document; return its base."""
+    await database['messages'].delete_many(line_messages(line))
+    if is_legacy(line):
+        return None
+    document = await database['lines'].find_one_and_delete({'_id': line})
+    return None if document is None else _readable_base(document)
+
+
+# --- collect_media ---
+
+
+@dataclass
+class _Line:
+    """What `collect_media` learnt of one line."""
+
+    versions: list[_Version] = field(default_factory=list[_Version])
+    """Versions with a body (reclaimable)."""
+    documents: list[ObjectId] = field(default_factory=list[ObjectId])
+    """Every document of the line (tombstones included)."""
+    uses: list[Use] = field(default_factory=list[Use])
+    """Views of retained snapshots on the line."""
+    base: LineBase | None = None
+    has_document: bool = False
+    """Whether the line has a `lines` document."""
+
+
+async def _survey(database: Database) -> defaultdict[str, _Line]:
+    found: defaultdict[str, _Line] = defaultdict(_Line)
+    async for document in database['snapshots'].find({}, _VIEW_FIELDS):
+        view = _view(document)
+        if view is not None and view.line is not None:
+            found[view.line].uses.append((view.length, view.through))
+    async for document in database['lines'].find({}):
+        if not isinstance(document['_id'], str):
+            continue
+        try:
+            line = check_line(document['_id'])
+        except ValueError:
+            continue
+        found[line].has_document = True
+        found[line].base = _readable_base(document)
+    fields = {'line': 1, 'run_id': 1, 'position': 1, 'no': 1, 'reclaimed': 1}
+    async for document in database['messages'].find({}, fields):
+        on = _message_line(document)
+        if on is None or not isinstance(document['_id'], ObjectId) or _integer(document.get('no')) is None:
+            continue  # damaged: whose it is, or how old, is not known
+        found[on].documents.append(document['_id'])
+        version = _version(document)
+        if version is not None and 'reclaimed' not in document:
+            found[on].versions.append(version)
+    return found
+
+
+def _old(identifier: ObjectId, cutoff: ObjectId | None) -> bool:
+    return cutoff is None or identifier < cutoff
+
+
+def _removable(name: str, line: _Line, children: int, cutoff: ObjectId | None) -> bool:
+    """Whether a line goes whole: no views, no branches, made and written before the cutoff."""
+    if line.uses or children:
+        return False
+    made = line_made_at(name)
+    if cutoff is not None and made is not None and made >= cutoff.generation_time:
+        return False
+    return all(_old(identifier, cutoff) for identifier in line.documents)
+
+
+async def _collect_messages(database: Database, cutoff: ObjectId | None) -> int:
+    lines = await _survey(database)
+    children: defaultdict[str, int] = defaultdict(int)
+    for line in lines.values():
+        if line.base is not None:
+            children[str(line.base.line)] += 1
+    gone: set[str] = set()
+    changed = True
+    while changed:  # a line that goes may leave its base without branches
+        changed = False
+        for name, line in list(lines.items()):
+            if name not in gone and _removable(name, line, children[name], cutoff):
+                gone.add(name)
+                changed = True
+                if line.base is not None:
+                    children[str(line.base.line)] -= 1
+    reclaimed = 0
+    messages = database['messages']
+    for name in gone:
+        line = lines[name]
+        reclaimed += len(line.versions)
+        for start in range(0, len(line.documents), _BATCH):
+            await messages.delete_many({'_id': {'$in': line.documents[start : start + _BATCH]}})
+        if line.has_document:
+            await database['lines'].delete_one({'_id': name})
+    bases = [line.base for name, line in lines.items() if name not in gone and line.base is not None]
+    for base in bases:  # a branch keeps the view it starts from
+        lines[str(base.line)].uses.append((base.length, base.through))
+    for name, line in list(lines.items()):
+        if name in gone:
+            continue
+        old = [version for version in unused(line.versions, line.uses) if _old(version.id, cutoff)]
+        reclaimed += await _release(messages, name, old)
+    return reclaimed
 
 
 async def collect_media(database: Database, media_store: MediaStore | None, *, grace: timedelta) -> MediaCollection:
-    """Delete unused message documents older than `grace`, then the blobs no remaining message refers to."""
+    """Reclaim unused message documents older than `grace`, then the blobs no remaining message refers to."""
     grace = validate_grace(grace)
-    messages, snapshots, runs = database['messages'], database['snapshots'], database['runs']
     cutoff = None if grace == timedelta(0) else ObjectId.from_datetime(utc_now() - grace)
-    live = {document['_id'] async for document in runs.find({}, {'_id': 1}) if isinstance(document['_id'], str)}
-    uses: defaultdict[str, list[tuple[int, int]]] = defaultdict(list)
-    async for document in snapshots.find({}, {'_id': 0, 'run_id': 1, 'history_length': 1, 'through_message': 1}):
-        run_id = document.get('run_id')
-        length, through = _integer(document.get('history_length')), _integer(document.get('through_message'))
-        if isinstance(run_id, str) and length is not None and through is not None:
-            uses[run_id].append((length, through))
-    versions: defaultdict[str, list[tuple[int, int, Any]]] = defaultdict(list)
-    doomed: list[Any] = []
-    async for document in messages.find({}, {'run_id': 1, 'position': 1, 'no': 1}):
-        run_id, identifier = document.get('run_id'), document['_id']
-        position, number = _integer(document.get('position')), _integer(document.get('no'))
-        if not isinstance(run_id, str) or not isinstance(identifier, ObjectId):
-            continue  # damaged: whose it is, or how old, is not known
-        if run_id not in live:
-            if cutoff is None or identifier < cutoff:
-                doomed.append(identifier)  # left by an interrupted delete_run
-        elif position is not None and number is not None:
-            versions[run_id].append((position, number, identifier))
-    for run_id, found in versions.items():
-        doomed.extend(_unused(found, uses[run_id], cutoff))
-    reclaimed = await _delete(messages, doomed)
+    reclaimed = await _collect_messages(database, cutoff)
+    messages = database['messages']
 
     async def referenced() -> set[str]:
         found: set[str] = set()

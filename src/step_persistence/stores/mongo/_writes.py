@@ -9,8 +9,9 @@ exactly the effect of its calls in order by construction:
 2. One `$inc` on the run's counters document allocates every event and snapshot number at once
    and proves the run is registered (a batch of tool effects alone checks the run once per store).
 3. Then one ordered `bulk_write` of tool-effect upserts, one `insert_many` of events, one of
-   message documents (more only if another writer took message numbers meanwhile), one of
-   snapshots, and retention once for the batch (the kept set is the same as after each save).
+   message documents (plus a `lines` document and one more only when another writer appended to
+   the line meanwhile: the save branches, `_histories.py`), one of snapshots, and retention once
+   for the batch (the kept set is the same as after each save).
 
 Within a batch, a repeated idempotency key is dropped before writing (the later call would be a
 no-op), so unordered inserts cannot reorder which one lands.
@@ -25,22 +26,36 @@ from pymongo import UpdateOne
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import BulkWriteError
 
+from step_persistence._history import history_digest
 from step_persistence.records import ContinuableSnapshot, StepEvent, StepWrites, ToolEffectRecord
 from step_persistence.retention import retained_seqs
 from step_persistence.stores._idempotency import first_per_key
 from step_persistence.stores._positions import RunHead
 from step_persistence.stores.mongo._client import Database
 from step_persistence.stores.mongo._counters import Allocation, Counters
-from step_persistence.stores.mongo._documents import event_document, snapshot_document, tool_effect_update
+from step_persistence.stores.mongo._documents import (
+    StoredView,
+    event_document,
+    snapshot_document,
+    tool_effect_update,
+)
+from step_persistence.stores.mongo._heads import RunHeads
 from step_persistence.stores.mongo._histories import HistoryWrite
 from step_persistence.stores.mongo._indexes import TOOL_CALL_INDEX, is_duplicate_on, is_idempotency_conflict
 from step_persistence.stores.mongo._known_runs import KnownRuns
 from step_persistence.stores.mongo._limits import WIDEST_NUMBER, check_document_size
+from step_persistence.stores.mongo._lines import LineBases
 from step_persistence.stores.mongo._messages import MessageStore
 
 __all__ = ['RunWriter', 'RunWrites', 'by_run']
 
-_PRUNED: Final = {'$set': {'pruned': True}, '$unset': {'state': '', 'history_length': '', 'through_message': ''}}
+_WIDEST_VIEW: Final = StoredView(line='f' * 24, length=WIDEST_NUMBER, through=WIDEST_NUMBER, history_digest='f' * 64)
+"""A view as wide as any a snapshot document names, for measuring one before its view is known."""
+
+_PRUNED: Final = {
+    '$set': {'pruned': True},
+    '$unset': {'state': '', 'line': '', 'history_length': '', 'through_message': '', 'history_digest': ''},
+}
 """Turns a pruned snapshot that has an idempotency key into a tombstone that keeps the key used."""
 
 
@@ -88,6 +103,8 @@ class RunWriter:
         *,
         counters: Counters,
         messages: MessageStore,
+        bases: LineBases,
+        heads: RunHeads,
         known_runs: KnownRuns,
         max_snapshots_per_run: int | None,
     ) -> None:
@@ -97,6 +114,8 @@ class RunWriter:
         self._effects = database['tool_effects']
         self._counters = counters
         self._messages = messages
+        self._bases = bases
+        self._heads = heads
         self._known_runs = known_runs
         self._max_snapshots = max_snapshots_per_run
 
@@ -109,14 +128,12 @@ class RunWriter:
             check_document_size(event_document(event, seq=WIDEST_NUMBER), what='an event', run_id=run_id)
         for snapshot in snapshots:
             check_document_size(
-                snapshot_document(
-                    snapshot, seq=WIDEST_NUMBER, history_length=WIDEST_NUMBER, through_message=WIDEST_NUMBER
-                ),
-                what='a snapshot',
-                run_id=run_id,
+                snapshot_document(snapshot, seq=WIDEST_NUMBER, view=_WIDEST_VIEW), what='a snapshot', run_id=run_id
             )
-        histories = HistoryWrite(self._messages, run_id, [snapshot.encoded_messages() for snapshot in snapshots])
-        head = await self._head(run_id) if snapshots else None
+        histories = HistoryWrite(
+            self._messages, self._bases, run_id, [snapshot.encoded_messages() for snapshot in snapshots]
+        )
+        head = await self._heads.head(run_id, histories.digests[0]) if snapshots else None
         if head is not None:
             await histories.prepare(head)
 
@@ -165,14 +182,6 @@ class RunWriter:
                 raise
             await self._effects.bulk_write(updates[failures[0]['index'] :], ordered=True)
 
-    async def _head(self, run_id: str) -> RunHead:
-        """The run's message head: the remembered one, or one read from the database."""
-        head = self._known_runs.head(run_id)
-        if head is None:
-            head = RunHead(incarnation=await self._counters.registration(run_id))
-            await self._messages.catch_up(run_id, head)
-        return head
-
     async def _save_snapshots(
         self,
         run_id: str,
@@ -185,19 +194,20 @@ class RunWriter:
             head.incarnation = allocation.registration
         elif head.incarnation != allocation.registration:
             # The run was deleted and registered again since this head was read (by another store).
-            head = RunHead(incarnation=allocation.registration)
-            await self._messages.catch_up(run_id, head)
-        throughs = await histories.write(head)
+            head = await self._heads.read(run_id, histories.digests[0])
+            head.incarnation = allocation.registration
+        views, head = await histories.write(head)
         self._known_runs.remember(run_id, head)
         first = allocation.last['snapshot'] - len(snapshots) + 1
         documents = [
             snapshot_document(
                 snapshot,
                 seq=first + index,
-                history_length=len(snapshot.encoded_messages()),
-                through_message=through,
+                view=StoredView(
+                    line=view.line, length=len(digests), through=view.through, history_digest=history_digest(digests)
+                ),
             )
-            for index, (snapshot, through) in enumerate(zip(snapshots, throughs, strict=True))
+            for index, (snapshot, view, digests) in enumerate(zip(snapshots, views, histories.digests, strict=True))
         ]
         if await _insert_keyed(self._snapshots, documents) and self._max_snapshots is not None:
             await self._prune(run_id, self._max_snapshots)

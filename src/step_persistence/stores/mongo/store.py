@@ -1,9 +1,10 @@
 """`MongoStepStore`: the `StepStore` protocol on MongoDB, through an async driver (pymongo or motor).
 
 Uniqueness is enforced by the server, never by reading first: a run is its `runs` document
-(`_id` = run id), idempotency keys and tool calls have unique indexes, and every sequence number
-comes from an atomic `$inc` on the run's `counters` document. No operation needs a transaction,
-so a standalone server works as well as a replica set. See docs/mongo.md.
+(`_id` = run id), idempotency keys, tool calls, continued origins and message numbers have unique
+indexes, and every sequence number comes from an atomic `$inc` on the run's `counters` document.
+No operation needs a transaction, so a standalone server works as well as a replica set. See
+docs/mongo.md.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from functools import partial
 from typing import Any, Final
 
 from pymongo import ASCENDING, DESCENDING
-from pymongo.errors import DuplicateKeyError
 
 from step_persistence import lifecycle
 from step_persistence._arguments import require_text
@@ -24,17 +24,20 @@ from step_persistence.media.walker import DEFAULT_THRESHOLD_BYTES
 from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
+    ConversationSummary,
     RunRecord,
+    SnapshotRef,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
 )
 from step_persistence.retention import validate_max_snapshots
+from step_persistence.stores._listing import RunFilter
 from step_persistence.stores._media import MediaSetting, MessageMedia
-from step_persistence.stores._positions import RunHead
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.mongo._call_order import CallOrder
 from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
+from step_persistence.stores.mongo._conversations import Conversations, check_listing
 from step_persistence.stores.mongo._counters import Counters
 from step_persistence.stores.mongo._documents import (
     event_from_document,
@@ -43,12 +46,15 @@ from step_persistence.stores.mongo._documents import (
     snapshot_from_document,
     tool_effect_from_document,
 )
-from step_persistence.stores.mongo._indexes import STEP_INDEXES, IndexSetup
-from step_persistence.stores.mongo._known_runs import KnownRuns
-from step_persistence.stores.mongo._lifecycle import RUN_ORDER, TOOL_EFFECT_ORDER, started_before_query
+from step_persistence.stores.mongo._heads import RunHeads
+from step_persistence.stores.mongo._indexes import OBSOLETE_STEP_INDEXES, STEP_INDEXES, IndexSetup
+from step_persistence.stores.mongo._known_runs import KnownRuns, Registered
+from step_persistence.stores.mongo._lifecycle import TOOL_EFFECT_ORDER, started_before_query
 from step_persistence.stores.mongo._limits import check_document_size
+from step_persistence.stores.mongo._lines import LineBases
 from step_persistence.stores.mongo._messages import MessageStore
-from step_persistence.stores.mongo._reclaiming import collect_media
+from step_persistence.stores.mongo._reclaiming import collect_media, release_lines
+from step_persistence.stores.mongo._runs import find_runs, find_snapshot, insert_run, run_query
 from step_persistence.stores.mongo._writes import RunWriter, RunWrites, by_run
 from step_persistence.stores.mongo.media_store import MongoMediaStore
 
@@ -64,10 +70,10 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     Give exactly one of `client` (a pymongo `AsyncMongoClient` or motor `AsyncIOMotorClient`
     the caller owns: never closed by the store) or `db_url` (`mongodb://...`; the store builds a
     pymongo client and closes it in `aclose()`); `database` names the database. Collections:
-    `runs`, `events`, `snapshots`, `tool_effects`, `messages` and `counters`; their indexes are
-    created on the store's first write (needs the `readWrite` role). `media_store='auto'` puts
-    large message parts in a `MongoMediaStore` on the same client and database; `None` keeps them
-    inline. A message, run, event or tool effect that would exceed MongoDB's 16 MiB document
+    `runs`, `events`, `snapshots`, `tool_effects`, `messages`, `lines`, `conversations` and
+    `counters`; their indexes are created on the store's first write (needs the `readWrite` role).
+    `media_store='auto'` puts large message parts in a `MongoMediaStore` on the same client and
+    database; `None` keeps them inline. A message, run, event or tool effect that would exceed MongoDB's 16 MiB document
     limit raises `ValueError` naming the limit and the run, and nothing of it is written. Calls on
     one run take effect in the order they were made; a write completes even if its caller is
     cancelled, and `aclose()` waits for it. `write_batch` applies several writes in a few round
@@ -93,9 +99,13 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         self.media_store: MediaStore | None = media.store
         """Where large message parts go; `None` when they stay inline."""
         self.media_threshold_bytes = media.threshold_bytes
-        self._indexes = IndexSetup(self._db, STEP_INDEXES)
+        self._conversations = Conversations(self._db)
+        self._indexes = IndexSetup(
+            self._db, STEP_INDEXES, obsolete=OBSOLETE_STEP_INDEXES, then=self._conversations.build
+        )
         self._counters = Counters(self._db)
-        self._messages = MessageStore(self._db, media)
+        bases = LineBases(self._db)
+        self._messages = MessageStore(self._db, media, bases)
         self._runs = self._db['runs']
         self._events = self._db['events']
         self._snapshots = self._db['snapshots']
@@ -106,6 +116,8 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
             self._db,
             counters=self._counters,
             messages=self._messages,
+            bases=bases,
+            heads=RunHeads(self._db, self._messages, self._known_runs),
             known_runs=self._known_runs,
             max_snapshots_per_run=self.max_snapshots_per_run,
         )
@@ -134,12 +146,10 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         await self._indexes.ensure()
         check_document_size(run_document(record, registration=0), what='the run record', run_id=record.run_id)
         registration = await self._counters.next_registration()
-        try:
-            await self._runs.insert_one(run_document(record, registration=registration))
-        except DuplicateKeyError:
-            raise ValueError(f'run {record.run_id!r} is already registered') from None
+        stored = await insert_run(self._runs, record, registration)
         await self._counters.start_run(record.run_id, registration)
-        self._known_runs.remember(record.run_id, RunHead(incarnation=registration))
+        await self._conversations.added(stored, registration)
+        self._known_runs.remember(record.run_id, Registered(registration=registration, origin=stored.origin))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         require_text('run_id', run_id)
@@ -147,20 +157,35 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         return None if document is None else read_or_skip(f'run {run_id!r}', partial(run_from_document, document))
 
     async def list_runs(
-        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+        self,
+        *,
+        parent_run_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        origin_run_id: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
     ) -> list[RunRecord]:
-        require_text('parent_run_id', parent_run_id, optional=True)
-        require_text('conversation_id', conversation_id, optional=True)
-        query: dict[str, Any] = {}
-        if parent_run_id is not None:
-            query['parent_run_id'] = parent_run_id
-        if conversation_id is not None:
-            query['conversation_id'] = conversation_id
-        return await self._find_runs(query)
+        """Matching runs in order, each filter served by an index that also gives the order (see `_runs.py`)."""
+        chosen = RunFilter(
+            parent_run_id=parent_run_id,
+            conversation_id=conversation_id,
+            agent_name=agent_name,
+            origin_run_id=origin_run_id,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        return await find_runs(self._runs, run_query(chosen), limit=chosen.limit, newest_first=newest_first)
 
-    async def _find_runs(self, query: dict[str, Any]) -> list[RunRecord]:
-        documents = await self._runs.find(query).sort(RUN_ORDER).to_list(None)
-        return read_each(documents, lambda document: f'run {document.get("_id")!r}', run_from_document)
+    async def list_conversations(
+        self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
+    ) -> list[ConversationSummary]:
+        """Conversation summaries from the `conversations` collection (see `_conversations.py`)."""
+        checked = check_listing(limit, newest_first, agent_name)
+        return await self._conversations.summaries(limit=checked, newest_first=newest_first, agent_name=agent_name)
+
+    async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
+        return await find_snapshot(self._db, conversation_id=conversation_id, history_digest=history_digest)
 
     # --- writes ---
 
@@ -209,9 +234,8 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         """The snapshot `document` stores, with its messages; `None` (logged) if it cannot be read."""
 
         async def read() -> ContinuableSnapshot:
-            header, length, through = snapshot_from_document(document)
-            messages = await self._messages.history(run_id, length=length, through=through)
-            return header.model_copy(update={'messages': messages})
+            header, view = snapshot_from_document(document)
+            return header.model_copy(update={'messages': await self._messages.history(view)})
 
         return await read_or_skip_async(f'snapshot {document.get("seq")!r} of run {run_id!r}', read)
 
@@ -286,6 +310,8 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
         """Remove the run's documents, its `runs` document last (so an interrupted delete can be redone).
 
+        The message documents of its lines that no other view uses go first (`_reclaiming.py`).
+
         With `cascade`, every run delegated from it first, each after the runs delegated from it.
         """
         require_text('run_id', run_id)
@@ -297,14 +323,18 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         """The runs that started before `cutoff`, oldest first, found with the `started_at` index (for `prune_runs`)."""
         if not isinstance(cutoff, datetime):
             raise TypeError(f'cutoff must be a datetime, not {type(cutoff).__name__}')
-        return await self._find_runs(started_before_query(cutoff))
+        return await find_runs(self._runs, started_before_query(cutoff))
 
     async def _delete_run(self, run_id: str) -> None:
         self._known_runs.discard(run_id)
+        run = await self._runs.find_one({'_id': run_id}, {'conversation_id': 1})
+        await release_lines(self._db, run_id)
         for collection in (self._events, self._snapshots, self._effects):
             await collection.delete_many({'run_id': run_id})
-        await self._messages.delete_run(run_id)
         await self._counters.delete_run(run_id)
+        conversation_id = None if run is None else run.get('conversation_id')
+        if isinstance(conversation_id, str):
+            await self._conversations.removing(run_id, conversation_id)
         await self._runs.delete_one({'_id': run_id})
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:

@@ -1,0 +1,109 @@
+"""The queries over runs: `list_runs` (every filter an index serves), `find_snapshot`, and registering origins.
+
+`list_runs` sorts on `RUN_ORDER` (reversed for `newest_first`) after one equality filter per
+argument; each filter has an index that starts with it and goes on with the sort
+(`conversation_started`, `parent_started`, `agent_started`, `origin_started`), so with a `limit`
+the server reads only that many runs. A damaged run is skipped (logged) and the next page read, so
+`limit` still counts readable runs. `find_snapshot` finds the snapshots by `history_digest` (the
+`history_digest` index) and keeps those of the conversation's runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pymongo import DESCENDING
+from pymongo.asynchronous.collection import AsyncCollection
+from pymongo.errors import DuplicateKeyError
+
+from step_persistence._arguments import require_text
+from step_persistence._reading import read_each
+from step_persistence.records import RunRecord, SnapshotRef
+from step_persistence.stores._listing import RunFilter
+from step_persistence.stores.mongo._client import Database
+from step_persistence.stores.mongo._documents import run_document, run_from_document
+from step_persistence.stores.mongo._indexes import CONTINUED_ORIGIN_INDEX, is_duplicate_on
+from step_persistence.stores.mongo._lifecycle import RUN_ORDER
+
+__all__ = ['find_runs', 'find_snapshot', 'insert_run', 'run_query']
+
+_NEWEST_FIRST = [(name, DESCENDING) for name, _ in RUN_ORDER]
+
+_FILTERS = {
+    'parent_run_id': 'parent_run_id',
+    'conversation_id': 'conversation_id',
+    'agent_name': 'agent_name',
+    'origin_run_id': 'origin.run_id',
+}
+"""`list_runs` argument -> the field it matches."""
+
+
+def run_query(chosen: RunFilter) -> dict[str, Any]:
+    """The `runs` query of the filters given (checked by `RunFilter`)."""
+    return {field: getattr(chosen, name) for name, field in _FILTERS.items() if getattr(chosen, name) is not None}
+
+
+def _describe(document: dict[str, Any]) -> str:
+    return f'run {document.get("_id")!r}'
+
+
+async def find_runs(
+    runs: AsyncCollection[dict[str, Any]],
+    query: dict[str, Any],
+    *,
+    limit: int | None = None,
+    newest_first: bool = False,
+) -> list[RunRecord]:
+    """The readable runs matching `query` in `list_runs` order, at most `limit`."""
+    order = _NEWEST_FIRST if newest_first else RUN_ORDER
+    if limit is None:
+        return read_each(await runs.find(query).sort(order).to_list(None), _describe, run_from_document)
+    records: list[RunRecord] = []
+    skip = 0
+    while True:  # pages again only past damaged runs
+        wanted = limit - len(records)
+        page = await runs.find(query).sort(order).skip(skip).limit(wanted).to_list(None)
+        records.extend(read_each(page, _describe, run_from_document))
+        if len(page) < wanted or len(records) == limit:
+            return records
+        skip += len(page)
+
+
+async def insert_run(runs: AsyncCollection[dict[str, Any]], record: RunRecord, registration: int) -> RunRecord:
+    """Insert the run's document; return the record as stored.
+
+    A `continued` origin whose snapshot another stored run continued (the unique partial
+    `continued_origin` index refuses it) is stored as `forked`. `ValueError` if the run id is taken.
+    """
+    try:
+        await runs.insert_one(run_document(record, registration=registration))
+        return record
+    except DuplicateKeyError as error:
+        continued = is_duplicate_on(error.details or {}, CONTINUED_ORIGIN_INDEX, ('origin.run_id', 'origin.seq'))
+        if record.origin is None or not continued:
+            raise ValueError(f'run {record.run_id!r} is already registered') from None
+    forked = record.model_copy(update={'origin': record.origin.model_copy(update={'kind': 'forked'})})
+    try:
+        await runs.insert_one(run_document(forked, registration=registration))
+    except DuplicateKeyError:
+        raise ValueError(f'run {record.run_id!r} is already registered') from None
+    return forked
+
+
+async def find_snapshot(database: Database, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
+    """The newest retained snapshot of the conversation's runs with `history_digest` (`StepStore.find_snapshot`)."""
+    require_text('conversation_id', conversation_id)
+    require_text('history_digest', history_digest)
+    newest: dict[str, int] = {}
+    async for document in database['snapshots'].find(
+        {'history_digest': history_digest}, {'_id': 0, 'run_id': 1, 'seq': 1}
+    ):
+        run_id, seq = document.get('run_id'), document.get('seq')
+        if isinstance(run_id, str) and isinstance(seq, int) and not isinstance(seq, bool):
+            newest[run_id] = max(seq, newest.get(run_id, seq))
+    if not newest:
+        return None
+    query = {'_id': {'$in': list(newest)}, 'conversation_id': conversation_id}
+    for record in await find_runs(database['runs'], query, limit=1, newest_first=True):
+        return SnapshotRef(run_id=record.run_id, seq=newest[record.run_id])
+    return None
