@@ -1,13 +1,14 @@
 """`conversations list` and `conversations show`, and the lineage `runs show` and `runs tree` print (issue 17, item 4).
 
 A chat of runs continuing each other, a second tab (stored as a fork of the same snapshot), a fork
-into another conversation and a run whose origin was deleted, on a file and a SQLite store,
-through the console script.
+into another conversation and a run whose origin was deleted, in a store of every kind the
+command line opens by URL, through the console script.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 from rich.console import Console
+from test_cli_inspect import store_url
 
 from step_persistence import (
     ContinuableSnapshot,
@@ -28,6 +30,7 @@ from step_persistence import (
 from step_persistence.cli.lineage import load_conversation
 from step_persistence.cli.render import conversation_tree
 from step_persistence.records import OriginKind, RunOrigin
+from support.backends import BACKENDS, spec_of
 from support.console_script import cli
 
 pytestmark = pytest.mark.anyio
@@ -91,12 +94,13 @@ async def a_chat(store: StepStore) -> None:
     await add_run(store, 'loner', 11, conversation=None)
 
 
-@pytest.fixture(params=['file', 'sqlite'])
-async def chat_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    url = f'file://{tmp_path / "runs"}' if request.param == 'file' else f'sqlite:///{tmp_path / "runs.db"}'
-    async with from_spec(url) as store:
-        await a_chat(store)
-    return url
+@pytest.fixture(params=['file', 'sqlite', 'postgres', 'mongo'])
+async def chat_url(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    """`a_chat` in a durable store of each kind the command line opens by URL."""
+    async with BACKENDS[request.param].open(request) as session:
+        async with from_spec(**spec_of(session)) as store:
+            await a_chat(store)
+        yield store_url(spec_of(session))
 
 
 def as_json(*args: str) -> Any:
