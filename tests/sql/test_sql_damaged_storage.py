@@ -126,7 +126,8 @@ async def write_run(store: SqlStepStore) -> None:
         await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=step, messages=sample_history(step)))
 
 
-NEWEST_MESSAGE = "run_id = 'r' AND no = (SELECT max(no) FROM messages WHERE run_id = 'r')"
+RUN_LINE = "(SELECT line_id FROM snapshots WHERE run_id = 'r' AND seq = 1)"
+NEWEST_MESSAGE = f'line_id = {RUN_LINE} AND no = (SELECT max(no) FROM messages WHERE line_id = {RUN_LINE})'
 NEWEST_SNAPSHOT = "run_id = 'r' AND seq = 3"
 
 DAMAGES = {

@@ -10,6 +10,7 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
+from step_persistence.records import RunOrigin
 from step_persistence.testing.conformance import sample_history
 from support.databases import EmptyDatabase
 
@@ -36,6 +37,11 @@ async def test_reporting_queries_run_and_find_rows(empty_database: EmptyDatabase
         for step in (1, 2):
             history = sample_history(step)
             await store.save_snapshot(ContinuableSnapshot(run_id='child-1', step_index=step, messages=history))
+        for turn in range(2):
+            origin = None if turn == 0 else RunOrigin(kind='continued', run_id='turn-0', seq=1)
+            await store.register_run(RunRecord(run_id=f'turn-{turn}', conversation_id='chat', origin=origin))
+            history = sample_history(turn + 1)
+            await store.save_snapshot(ContinuableSnapshot(run_id=f'turn-{turn}', step_index=1, messages=history))
     engine = create_async_engine(empty_database.url)
     try:
         async with engine.connect() as connection:

@@ -36,7 +36,7 @@ from step_persistence import (
     from_spec,
 )
 from step_persistence.media import PostgresMediaStore, SqlMediaStore, StoredBlob, media_uri_for
-from step_persistence.records import StepWrites
+from step_persistence.records import RunOrigin, StepWrites
 from step_persistence.testing.conformance import T0, sample_history
 from support.console_script import cli
 from support.databases import EmptyDatabase
@@ -236,6 +236,10 @@ def long_writes(value: str) -> dict[str, Callable[[SqlStepStore], Awaitable[obje
         'run_id': lambda store: store.register_run(RunRecord(run_id=value)),
         'conversation_id': lambda store: store.register_run(RunRecord(run_id='new', conversation_id=value)),
         'parent_run_id': lambda store: store.register_run(RunRecord(run_id='new', parent_run_id=value)),
+        'agent_name': lambda store: store.register_run(RunRecord(run_id='new', agent_name=value)),
+        'origin run_id': lambda store: store.register_run(
+            RunRecord(run_id='new', origin=RunOrigin(kind='continued', run_id=value, seq=1))
+        ),
         'event idempotency_key': lambda store: store.append_event(
             StepEvent(run_id='r', kind='run_started', step_index=0, idempotency_key=value)
         ),
@@ -281,8 +285,16 @@ async def test_ids_up_to_the_limit_and_long_unindexed_text_round_trip(empty_data
     at_limit = of_bytes(MAX_INDEXED_BYTES)
     long_text = incompressible(5000)
     async with SqlStepStore(empty_database.url) as store:
+        origin = RunOrigin(kind='forked', run_id=at_limit, seq=1)
         await store.register_run(
-            RunRecord(run_id=at_limit, conversation_id=at_limit, parent_run_id=at_limit, agent_name=long_text)
+            RunRecord(
+                run_id=at_limit,
+                conversation_id=at_limit,
+                parent_run_id=at_limit,
+                agent_name=at_limit,
+                origin=origin,
+                metadata={'note': long_text},
+            )
         )
         await store.append_event(
             StepEvent(run_id=at_limit, kind='run_failed', step_index=0, idempotency_key=at_limit, error=long_text)
@@ -290,8 +302,9 @@ async def test_ids_up_to_the_limit_and_long_unindexed_text_round_trip(empty_data
         await store.record_tool_effect(
             ToolEffectRecord(run_id=at_limit, tool_call_id=at_limit, tool_name=long_text, status='started')
         )
-        [run] = await store.list_runs(conversation_id=at_limit)
-        assert (run.run_id, run.parent_run_id, run.agent_name) == (at_limit, at_limit, long_text)
+        [run] = await store.list_runs(conversation_id=at_limit, agent_name=at_limit, origin_run_id=at_limit)
+        assert (run.run_id, run.parent_run_id, run.agent_name) == (at_limit, at_limit, at_limit)
+        assert (run.origin, run.metadata) == (origin, {'note': long_text})
         [event] = await store.list_events(run_id=at_limit)
         assert (event.idempotency_key, event.error) == (at_limit, long_text)
         effect = await store.get_tool_effect(run_id=at_limit, tool_call_id=at_limit)

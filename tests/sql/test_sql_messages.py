@@ -1,4 +1,8 @@
-"""Messages are stored once per history position and version; a snapshot refers to them in constant space."""
+"""Messages are stored once per history line, position and version; a snapshot refers to them in constant space.
+
+A run's snapshots share one line; a chat's runs (each continuing the previous run's snapshot) share it
+too, and branch into a line of their own only when another writer appended to it since.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +18,10 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepPersistence
 from step_persistence._history import HistoryEncoder
-from step_persistence.stores.sql.schema import messages, snapshots
+from step_persistence.records import RunOrigin
+from step_persistence.stores.sql.schema import history_lines, messages, snapshots
 from step_persistence.testing.conformance import T0, sample_history
+from step_persistence.testing.conformance.conversations import chat_history
 from support.databases import EmptyDatabase, statements_sent
 from support.processes import write_concurrently
 from support.scripted import calls, scripted, text, turn_step
@@ -47,29 +53,32 @@ class Stored:
     """What the tables hold for one run."""
 
     message_rows: int
+    """Rows of the lines the run's snapshots are on."""
     message_bytes: int
     references: list[tuple[int, int]]
     """`(history_length, through_message)` of every snapshot, in sequence order."""
     snapshot_row_bytes: list[int]
     """Every snapshot row's size: the text length of all its values."""
+    lines: set[int]
 
 
 async def stored(url: str, run_id: str) -> Stored:
     engine = create_async_engine(url)
     try:
         async with engine.connect() as connection:
-            count, size = (
-                await connection.execute(
-                    select(func.count(), func.sum(func.length(cast(messages.c.body, Text)))).where(
-                        messages.c.run_id == run_id
-                    )
-                )
-            ).one()
             rows = (
                 await connection.execute(
                     select(snapshots).where(snapshots.c.run_id == run_id).order_by(snapshots.c.seq)
                 )
             ).all()
+            lines = {row.line_id for row in rows}
+            count, size = (
+                await connection.execute(
+                    select(func.count(), func.sum(func.length(cast(messages.c.body, Text)))).where(
+                        messages.c.line_id.in_(lines)
+                    )
+                )
+            ).one()
     finally:
         await engine.dispose()
     return Stored(
@@ -77,7 +86,17 @@ async def stored(url: str, run_id: str) -> Stored:
         message_bytes=size or 0,
         references=[(row.history_length, row.through_message) for row in rows],
         snapshot_row_bytes=[sum(len(str(value)) for value in row if value is not None) for row in rows],
+        lines=lines,
     )
+
+
+async def count_rows(url: str, table: Any) -> int:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            return (await connection.execute(select(func.count()).select_from(table))).scalar_one()
+    finally:
+        await engine.dispose()
 
 
 async def test_a_run_of_k_steps_writes_each_message_once(empty_database: EmptyDatabase) -> None:
@@ -214,17 +233,21 @@ async def test_snapshot_rows_keep_a_constant_size_as_a_real_agent_run_grows(empt
 
 
 @pytest.mark.parametrize('media_store', [None, 'auto'])
-async def test_a_snapshot_whose_new_messages_were_expected_updates_the_run_row_once(
+async def test_a_snapshot_updates_the_run_row_once_and_its_line_once(
     empty_database: EmptyDatabase, media_store: Any
 ) -> None:
-    """Allocating the sequence number also reserves the message numbers: no second update of the run's row."""
+    """Allocating the sequence number is the one update of the run's row; taking the message numbers the one
+    update of the line's (after the first save, which creates the line)."""
     engine = create_async_engine(empty_database.url)
-    updates = statements_sent(engine, 'UPDATE runs')
     steps = 5
     history = sample_history(steps, tag='reserved')
     encoder = HistoryEncoder()
     try:
         async with SqlStepStore(engine, media_store=media_store) as store:
+            await store.migrate()
+            updates = statements_sent(engine, 'UPDATE runs')
+            line_updates = statements_sent(engine, 'UPDATE history_lines')
+            line_inserts = statements_sent(engine, 'INSERT INTO history_lines')
             await store.register_run(RunRecord(run_id='reserved'))
             for step in range(1, steps + 1):
                 await store.save_snapshot(snapshot('reserved', history[: 2 * step + 1], step, encoder))
@@ -232,7 +255,7 @@ async def test_a_snapshot_whose_new_messages_were_expected_updates_the_run_row_o
     finally:
         await engine.dispose()
     assert latest is not None and dump(latest.messages) == dump(history)
-    assert len(updates) == steps
+    assert (len(updates), len(line_inserts), len(line_updates)) == (steps, 1, steps - 1)
     found = await stored(empty_database.url, 'reserved')
     assert found.references == [(2 * step + 1, 2 * step + 1) for step in range(1, steps + 1)]
 
@@ -256,3 +279,65 @@ async def test_a_keyed_snapshot_claims_its_key_and_allocates_in_one_postgres_sta
         await engine.dispose()
     assert [(s.seq, s.step_index, s.idempotency_key) for s in saved] == [(1, 1, 'a'), (2, 2, 'b')]
     assert (len(claims), len(combined)) == (0, 4), 'one statement claims the key and allocates the number'
+
+
+async def test_a_chat_of_40_turns_stores_each_message_once_and_reads_no_message_to_go_on(
+    empty_database: EmptyDatabase,
+) -> None:
+    """Each turn a new run (in a store that has nothing cached, as in a new process) continuing the previous
+    turn's snapshot: the turn's rows go on the chat's one line, and its head comes from the origin's
+    `history_digest` without reading a message row."""
+    turns = 40
+    engine = create_async_engine(empty_database.url)
+    try:
+        await SqlStepStore(engine).migrate()
+        selects = statements_sent(engine, 'SELECT')
+        for turn in range(turns):
+            async with SqlStepStore(engine) as store:
+                origin = None if turn == 0 else RunOrigin(kind='continued', run_id=f'turn-{turn - 1}', seq=1)
+                await store.register_run(RunRecord(run_id=f'turn-{turn}', conversation_id='chat', origin=origin))
+                history = chat_history(turn + 1)
+                await store.save_snapshot(ContinuableSnapshot(run_id=f'turn-{turn}', step_index=1, messages=history))
+        assert [statement for statement in selects if 'FROM messages' in statement] == []
+        async with SqlStepStore(engine) as store:
+            for turn in range(turns):
+                latest = await store.latest_snapshot(run_id=f'turn-{turn}')
+                assert latest is not None and dump(latest.messages) == dump(chat_history(turn + 1))
+    finally:
+        await engine.dispose()
+    assert await count_rows(empty_database.url, messages) == 2 * turns
+    assert await count_rows(empty_database.url, history_lines) == 1
+    assert (await stored(empty_database.url, f'turn-{turns - 1}')).references == [(2 * turns, 2 * turns)]
+
+
+async def test_a_second_tab_branches_with_only_its_own_messages(empty_database: EmptyDatabase) -> None:
+    base = chat_history(3)
+    tabs = {tab: base + chat_history(1, tag=f'-{tab}', start=3) for tab in ('tab-1', 'tab-2')}
+    async with SqlStepStore(empty_database.url) as store:
+        await store.register_run(RunRecord(run_id='head', conversation_id='chat'))
+        await store.save_snapshot(ContinuableSnapshot(run_id='head', step_index=1, messages=base))
+        for tab in tabs:
+            await store.register_run(
+                RunRecord(run_id=tab, conversation_id='chat', origin=RunOrigin(kind='continued', run_id='head', seq=1))
+            )
+        for tab, history in tabs.items():
+            await store.save_snapshot(ContinuableSnapshot(run_id=tab, step_index=1, messages=history))
+        for tab, history in tabs.items():
+            latest = await store.latest_snapshot(run_id=tab)
+            assert latest is not None and dump(latest.messages) == dump(history)
+        assert (await store.get_run(run_id='tab-2')).origin == RunOrigin(kind='forked', run_id='head', seq=1)  # type: ignore[union-attr]
+    head, first, second = [await stored(empty_database.url, run_id) for run_id in ('head', 'tab-1', 'tab-2')]
+    assert head.lines == first.lines != second.lines, 'the first tab goes on the line, the second branches'
+    assert (first.references, second.references) == ([(8, 8)], [(8, 2)])
+    assert await count_rows(empty_database.url, messages) == 6 + 2 + 2
+    engine = create_async_engine(empty_database.url)
+    try:
+        async with engine.connect() as connection:
+            lines = (await connection.execute(select(history_lines).order_by(history_lines.c.id))).all()
+    finally:
+        await engine.dispose()
+    [main_line] = head.lines
+    assert [(line.base_line_id, line.base_length, line.base_through) for line in lines] == [
+        (None, None, None),
+        (main_line, 6, 6),
+    ]

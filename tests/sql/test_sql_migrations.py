@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +14,39 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
-from sqlalchemy import Column, Integer, MetaData, Table, func, select, text
+from sqlalchemy import BigInteger, Boolean, Column, Integer, MetaData, String, Table, func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, from_spec
+from step_persistence import (
+    ContinuableSnapshot,
+    RunRecord,
+    SqlStepStore,
+    StepEvent,
+    ToolEffectRecord,
+    from_spec,
+)
 from step_persistence._history import encode_messages
+from step_persistence.media import SqlMediaStore
+from step_persistence.records import ConversationSummary, RunOrigin, SnapshotRef
+from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MessageMedia
+from step_persistence.stores._positions import RunHead, plan_saves
 from step_persistence.stores.sql import TABLE_NAMES, VERSION_TABLE, Base, include_name
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
-from step_persistence.stores.sql.migrate import upgrade
-from step_persistence.stores.sql.schema import messages, runs, snapshots
-from step_persistence.testing.conformance import sample_history
+from step_persistence.stores.sql.migrate import downgrade, upgrade
+from step_persistence.stores.sql.schema import (
+    events,
+    history_lines,
+    media,
+    messages,
+    runs,
+    snapshot_keys,
+    tool_effects,
+)
+from step_persistence.stores.sql.types import JSON_DOCUMENT, DateTimeUTC, EncodedJSON
+from step_persistence.testing.conformance import T0, sample_history
+from step_persistence.testing.conformance.conversations import chat_history
 from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
@@ -67,7 +90,7 @@ async def test_alembic_upgrade_head_and_downgrade_base(empty_database: EmptyData
     alembic('-x', f'url={plain(empty_database.url)}', 'upgrade', 'head')
     assert await empty_database.table_names() == TABLE_NAMES | {VERSION_TABLE}
     assert await empty_database.view_names() == REPORTING_VIEWS
-    assert await scalar(empty_database.url, text(f'SELECT version_num FROM {VERSION_TABLE}')) == '0004'
+    assert await scalar(empty_database.url, text(f'SELECT version_num FROM {VERSION_TABLE}')) == '0005'
 
     alembic('downgrade', 'base', env={'STEP_PERSISTENCE_DATABASE_URL': plain(empty_database.url)})
     assert await empty_database.table_names() == {VERSION_TABLE}
@@ -107,17 +130,17 @@ async def test_snapshots_from_before_the_state_column_read_back_complete(empty_d
             connection = transaction.connection
             assert 'state' not in Table('snapshots', MetaData(), autoload_with=connection).c
             connection.execute(
-                runs.insert().values(
+                OLD_RUNS.insert().values(
                     run_id='old',
                     metadata={},
-                    started_at=func.current_timestamp(),
+                    started_at=T0,
                     last_snapshot_seq=2,
                     last_message_no=len(history),
                 )
             )
             encoded = encode_messages(history)
             connection.execute(
-                messages.insert(),
+                OLD_MESSAGES.insert(),
                 [
                     {
                         'run_id': 'old',
@@ -132,11 +155,11 @@ async def test_snapshots_from_before_the_state_column_read_back_complete(empty_d
             )
             for seq, length in ((1, 3), (2, len(history))):
                 connection.execute(
-                    snapshots.insert().values(
+                    OLD_SNAPSHOTS.insert().values(
                         run_id='old',
                         seq=seq,
                         step_index=seq,
-                        timestamp=func.current_timestamp(),
+                        timestamp=T0,
                         history_length=length,
                         through_message=length,
                     )
@@ -217,3 +240,290 @@ async def test_upgrading_a_current_database_changes_nothing(empty_database: Empt
         await store.migrate()
         assert [run.run_id for run in await store.list_runs()] == ['kept']
     assert await scalar(empty_database.url, select(func.count()).select_from(runs)) == 1
+
+
+# --- revision 0005: a database written by the code of revision 0004 ---
+
+_OLD = MetaData()
+OLD_RUNS = Table(
+    'runs',
+    _OLD,
+    Column('run_id', String),
+    Column('conversation_id', String),
+    Column('parent_run_id', String),
+    Column('agent_name', String),
+    Column('metadata', JSON_DOCUMENT),
+    Column('started_at', DateTimeUTC()),
+    Column('last_snapshot_seq', BigInteger),
+    Column('last_message_no', BigInteger),
+)
+OLD_MESSAGES = Table(
+    'messages',
+    _OLD,
+    Column('run_id', String),
+    Column('no', BigInteger),
+    Column('position', Integer),
+    Column('digest', String),
+    Column('body', EncodedJSON()),
+    Column('externalized', Boolean),
+)
+OLD_SNAPSHOTS = Table(
+    'snapshots',
+    _OLD,
+    *(Column(name, String) for name in ('run_id', 'conversation_id', 'parent_run_id', 'agent_name', 'idempotency_key')),
+    Column('seq', BigInteger),
+    Column('step_index', Integer),
+    Column('timestamp', DateTimeUTC()),
+    Column('history_length', Integer),
+    Column('through_message', BigInteger),
+    Column('state', String),
+)
+"""The tables revision 0004 left that revision 0005 changes, as the code of 0004 wrote them."""
+SNAPSHOT_FIELDS = ('run_id', 'seq', 'step_index', 'timestamp', 'conversation_id', 'parent_run_id', 'agent_name')
+SNAPSHOT_FIELDS += ('idempotency_key', 'state')
+
+MINUTE = timedelta(minutes=1)
+
+
+def _old_histories() -> dict[str, list[ContinuableSnapshot]]:
+    """The snapshots of the old database, per run (seq set; a gap where retention pruned one)."""
+    base = sample_history(3, tag='alpha')
+    completed = dataclasses.replace(base[2], run_id='completed later')  # a second version of position 2
+    alpha = [
+        (1, 'complete', base[:3], 'sk-1'),
+        (2, 'interrupted', [*base[:2], completed, *base[3:5]], None),
+        (3, 'complete', [*base[:2], completed, *base[3:7]], None),
+    ]
+    beta = [(2, 'complete', sample_history(2, tag='beta'), None)]
+    runs = {'alpha': alpha, 'beta': beta}
+    return {
+        run_id: [
+            ContinuableSnapshot(
+                run_id=run_id,
+                seq=seq,
+                step_index=seq * 10,
+                state=state,  # type: ignore[arg-type]
+                messages=history,
+                conversation_id='c1',
+                agent_name='writer',
+                idempotency_key=key,
+                timestamp=T0 + seq * MINUTE,
+            )
+            for seq, state, history, key in snapshots
+        ]
+        for run_id, snapshots in runs.items()
+    }
+
+
+OLD_RUN_RECORDS = [
+    RunRecord(run_id='alpha', conversation_id='c1', agent_name='writer', metadata={'team': 'a'}, started_at=T0),
+    RunRecord(run_id='beta', conversation_id='c1', agent_name='writer', parent_run_id='alpha', started_at=T0 + MINUTE),
+    RunRecord(run_id='gamma', parent_run_id='alpha', started_at=T0 + 2 * MINUTE),
+]
+OLD_EVENTS = [
+    StepEvent(run_id='alpha', kind='run_started', step_index=0, timestamp=T0, idempotency_key='ev-1'),
+    StepEvent(run_id='alpha', kind='tool_call_failed', step_index=1, timestamp=T0, error="ValueError('x')"),
+    StepEvent(run_id='gamma', kind='run_started', step_index=0, timestamp=T0, metadata={'k': 'v'}),
+]
+OLD_EFFECTS = [
+    ToolEffectRecord(run_id='gamma', tool_call_id='t1', tool_name='send', status='started', started_at=T0),
+    ToolEffectRecord(
+        run_id='alpha',
+        tool_call_id='t2',
+        tool_name='pay',
+        status='completed',
+        started_at=T0,
+        ended_at=T0 + MINUTE,
+        idempotency_key='pay-1',
+        effect_summary='paid',
+    ),
+]
+
+
+async def _write_0004_database(url: str) -> None:
+    """A database at revision 0004 holding `OLD_*` and `_old_histories()`, each run's messages numbered on its own
+    (a row per changed position, media in the `media` table) as that revision's code wrote them."""
+    database = Database.from_url(url)
+    try:
+        await upgrade(database, '0004')
+    finally:
+        await database.aclose()
+    histories = _old_histories()
+    media = MessageMedia(store=SqlMediaStore(url, auto_migrate=False), threshold_bytes=DEFAULT_THRESHOLD_BYTES)
+    message_rows: list[dict[str, Any]] = []
+    snapshot_rows: list[dict[str, Any]] = []
+    counters: dict[str, int] = {}
+    for run_id, snapshots_of_run in histories.items():
+        head = RunHead(incarnation=None)
+        for snapshot in snapshots_of_run:
+            encoded = snapshot.encoded_messages()
+            plan = plan_saves(head, [[message.digest for message in encoded]])
+            for row in plan.rows:
+                packed = await media.pack_message(encoded[row.position])
+                message_rows.append(
+                    {
+                        'run_id': run_id,
+                        'no': row.no,
+                        'position': row.position,
+                        'digest': row.digest,
+                        'body': packed.data,
+                        'externalized': packed.externalized,
+                    }
+                )
+            head = RunHead(incarnation=None, last_no=plan.throughs[0], latest=[m.digest for m in encoded])
+            values = {name: getattr(snapshot, name) for name in SNAPSHOT_FIELDS}
+            snapshot_rows.append({**values, 'history_length': len(encoded), 'through_message': plan.throughs[0]})
+        counters[run_id] = head.last_no
+    await media.store.aclose()  # type: ignore[union-attr]
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as connection:
+            for record in OLD_RUN_RECORDS:
+                values = record.model_dump(exclude={'origin'})
+                last_seq = max((s.seq or 0 for s in histories.get(record.run_id, [])), default=0)
+                counters_of_run = {'last_snapshot_seq': last_seq, 'last_message_no': counters.get(record.run_id, 0)}
+                await connection.execute(OLD_RUNS.insert().values(**values, **counters_of_run))
+            await connection.execute(OLD_MESSAGES.insert(), message_rows)
+            await connection.execute(OLD_SNAPSHOTS.insert(), snapshot_rows)
+            await connection.execute(snapshot_keys.insert().values(run_id='alpha', idempotency_key='sk-1'))
+            for event_ in OLD_EVENTS:
+                await connection.execute(events.insert().values(**event_.model_dump()))
+            for effect in OLD_EFFECTS:
+                await connection.execute(tool_effects.insert().values(**effect.model_dump()))
+    finally:
+        await engine.dispose()
+
+
+def _header(snapshot: ContinuableSnapshot) -> dict[str, Any]:
+    return snapshot.model_dump(exclude={'messages'})
+
+
+async def _assert_reads_as_written(store: SqlStepStore, histories: dict[str, list[ContinuableSnapshot]]) -> None:
+    """Each run's first snapshots are `histories`, exactly."""
+    for run_id, expected in histories.items():
+        stored = (await store.list_snapshots(run_id=run_id, include_interrupted=True))[: len(expected)]
+        assert [_header(snapshot) for snapshot in stored] == [_header(snapshot) for snapshot in expected], run_id
+        assert [dump(snapshot.messages) for snapshot in stored] == [dump(snapshot.messages) for snapshot in expected]
+
+
+async def _count(url: str, table: Table) -> int:
+    return int(await scalar(url, select(func.count()).select_from(table)))
+
+
+async def test_a_database_written_at_0004_upgrades_and_reads_back_unchanged(empty_database: EmptyDatabase) -> None:
+    url = empty_database.url
+    await _write_0004_database(url)
+    histories = _old_histories()
+    async with SqlStepStore(url) as store:  # upgrades to head on first use
+        assert await store.list_runs() == OLD_RUN_RECORDS
+        await _assert_reads_as_written(store, histories)
+        assert [await store.list_events(run_id=run.run_id) for run in OLD_RUN_RECORDS] == [
+            [OLD_EVENTS[0], OLD_EVENTS[1]],
+            [],
+            [OLD_EVENTS[2]],
+        ]
+        assert await store.list_tool_effects(run_id='alpha') == [OLD_EFFECTS[1]]
+        assert await store.list_unresolved_tool_effects(run_id='gamma') == [OLD_EFFECTS[0]]
+        assert await store.list_conversations() == [
+            ConversationSummary(
+                conversation_id='c1',
+                first_started_at=T0,
+                last_started_at=T0 + MINUTE,
+                run_count=2,
+                head_run_id='beta',
+            )
+        ]
+        latest = await store.latest_snapshot(run_id='alpha')
+        assert latest is not None and latest.seq == 3
+        assert await store.find_snapshot(conversation_id='c1', history_digest=latest.history_digest()) is None, (
+            'snapshots saved before 0005 have no history digest'
+        )
+        old_keyed = histories['alpha'][0].model_copy(update={'seq': None, 'step_index': 99})
+        await store.save_snapshot(old_keyed)  # the key the old code claimed is still claimed
+        assert len(await store.list_snapshots(run_id='alpha', include_interrupted=True)) == 3
+    assert await _count(url, history_lines) == 2, 'a line per run with snapshots'
+    rows_before = await _count(url, messages)
+    assert await _count(url, media) >= 1
+
+    # New turns go on: a continuation shares the old run's line and stores only what it adds.
+    continued = [*latest.messages, *chat_history(1, tag='-next', start=9)]
+    async with SqlStepStore(url) as store:
+        origin = RunOrigin(kind='continued', run_id='alpha', seq=3)
+        await store.register_run(RunRecord(run_id='delta', conversation_id='c1', origin=origin))
+        await store.save_snapshot(
+            ContinuableSnapshot(run_id='delta', step_index=1, messages=continued, conversation_id='c1')
+        )
+        assert await _count(url, messages) == rows_before + 2
+        assert await _count(url, history_lines) == 2
+        going_on = [*latest.messages, *chat_history(1, tag='-alpha', start=9)]
+        await store.save_snapshot(ContinuableSnapshot(run_id='alpha', step_index=40, messages=going_on))
+        assert await _count(url, messages) == rows_before + 4, 'the old run branches with only its new messages'
+        await store.delete_run(run_id='beta')
+        await store.collect_media(grace=timedelta(0))
+        [*_, newest] = await store.list_snapshots(run_id='alpha', include_interrupted=True)
+        assert (newest.seq, dump(newest.messages)) == (4, dump(going_on))
+        await _assert_reads_as_written(store, {'alpha': histories['alpha']})
+        latest_delta = await store.latest_snapshot(run_id='delta')
+        assert latest_delta is not None and dump(latest_delta.messages) == dump(continued)
+        digest = latest_delta.history_digest()
+        found = await store.find_snapshot(conversation_id='c1', history_digest=digest)
+        assert found == SnapshotRef(run_id='delta', seq=1)
+        assert [summary.head_run_id for summary in await store.list_conversations()] == ['delta']
+
+
+async def test_a_database_downgraded_to_0004_reads_back_each_run_on_its_own(empty_database: EmptyDatabase) -> None:
+    """Histories shared across runs (a continuation, a fork on a branch) are numbered per run again by the
+    downgrade, and read back unchanged after upgrading once more."""
+    url = empty_database.url
+    await _write_0004_database(url)
+    async with SqlStepStore(url) as store:
+        alpha = await store.latest_snapshot(run_id='alpha')
+        assert alpha is not None
+        await store.register_run(
+            RunRecord(run_id='delta', conversation_id='c1', origin=RunOrigin(kind='continued', run_id='alpha', seq=3))
+        )
+        await store.save_snapshot(
+            ContinuableSnapshot(run_id='delta', step_index=1, messages=[*alpha.messages, *chat_history(1, start=9)])
+        )
+        await store.register_run(
+            RunRecord(run_id='fork', conversation_id='c1', origin=RunOrigin(kind='forked', run_id='alpha', seq=1))
+        )
+        first = (await store.list_snapshots(run_id='alpha'))[0]
+        await store.save_snapshot(
+            ContinuableSnapshot(run_id='fork', step_index=1, messages=[*first.messages, *chat_history(2, tag='-f')])
+        )
+        runs_before = await store.list_runs()
+        saved = {
+            run.run_id: await store.list_snapshots(run_id=run.run_id, include_interrupted=True) for run in runs_before
+        }
+    assert await _count(url, history_lines) == 3, 'the fork is on a branch'
+    database = Database.from_url(url)
+    try:
+        await downgrade(database, '0004')
+    finally:
+        await database.aclose()
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            for run_id, snapshots_of_run in saved.items():
+                for snapshot in snapshots_of_run:
+                    digests = (
+                        await connection.execute(
+                            text(
+                                'SELECT m.digest FROM snapshots s JOIN messages m ON m.run_id = s.run_id '
+                                'AND m.position < s.history_length WHERE s.run_id = :run AND s.seq = :seq '
+                                'AND m.no = (SELECT max(v.no) FROM messages v WHERE v.run_id = m.run_id '
+                                'AND v.position = m.position AND v.no <= s.through_message) ORDER BY m.position'
+                            ),
+                            {'run': run_id, 'seq': snapshot.seq},
+                        )
+                    ).scalars()
+                    assert list(digests) == [message.digest for message in snapshot.encoded_messages()]
+    finally:
+        await engine.dispose()
+    async with SqlStepStore(url) as store:  # upgrades again
+        assert await store.list_runs() == [run.model_copy(update={'origin': None}) for run in runs_before]
+        for run_id, snapshots_of_run in saved.items():
+            assert [dump(s.messages) for s in await store.list_snapshots(run_id=run_id, include_interrupted=True)] == [
+                dump(s.messages) for s in snapshots_of_run
+            ]

@@ -38,7 +38,17 @@ from support.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 
-TABLES = ('runs', 'events', 'tool_effects', 'snapshot_keys', 'snapshots', 'messages', 'media')
+TABLES = (
+    'runs',
+    'events',
+    'tool_effects',
+    'snapshot_keys',
+    'snapshots',
+    'history_lines',
+    'messages',
+    'media',
+    'conversations',
+)
 
 
 class CoreStatements:
@@ -154,7 +164,15 @@ async def test_a_caller_sqlite3_connection_runs_the_flush_on_itself(tmp_path: Pa
         for statement in traced
         if statement.startswith(('INSERT INTO', 'UPDATE'))
     ]
-    assert list(dict.fromkeys(tables)) == ['tool_effects', 'events', 'snapshot_keys', 'runs', 'messages', 'snapshots']
+    assert list(dict.fromkeys(tables)) == [
+        'tool_effects',
+        'events',
+        'snapshot_keys',
+        'runs',
+        'history_lines',
+        'messages',
+        'snapshots',
+    ]
 
 
 @pytest.fixture(params=['sqlite', 'postgresql'])

@@ -1,4 +1,5 @@
-"""`list_runs` and `latest_snapshot` are answered from indexes, on SQLite and on PostgreSQL.
+"""Listing runs and conversations, finding and reading snapshots, and deleting a run are answered from
+indexes, on SQLite and on PostgreSQL.
 
 Asserted on the query plans of the statements the store actually sends (captured from the
 engine), never on timings: SQLite's `EXPLAIN QUERY PLAN`, and PostgreSQL's `EXPLAIN` with
@@ -19,7 +20,9 @@ from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
+from step_persistence.records import RunOrigin
 from step_persistence.testing.conformance import T0
+from step_persistence.testing.conformance.conversations import chat_history
 from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
@@ -38,7 +41,8 @@ async def engine(empty_database: EmptyDatabase) -> AsyncIterator[AsyncEngine]:
 
 @pytest.fixture
 async def store(engine: AsyncEngine) -> AsyncIterator[SqlStepStore]:
-    """A store on `engine` holding a few runs (two conversations, two parents) and snapshots."""
+    """A store on `engine` holding a few runs (two conversations, two parents, two agents), snapshots, and a
+    chat whose turns continue each other (one of them forked, on a line of its own)."""
     store = SqlStepStore(engine)
     await store.migrate()
     for number in range(12):
@@ -47,6 +51,7 @@ async def store(engine: AsyncEngine) -> AsyncIterator[SqlStepStore]:
                 run_id=f'run-{number}',
                 conversation_id=f'conversation-{number % 2}',
                 parent_run_id=f'parent-{number % 3}',
+                agent_name=f'agent-{number % 2}',
                 started_at=T0,
             )
         )
@@ -60,16 +65,35 @@ async def store(engine: AsyncEngine) -> AsyncIterator[SqlStepStore]:
                 state='complete' if number % 2 else 'interrupted',
             )
         )
+    for turn in range(4):
+        origin = None if turn == 0 else RunOrigin(kind='continued', run_id=f'turn-{turn - 1}', seq=1)
+        await store.register_run(RunRecord(run_id=f'turn-{turn}', conversation_id='chat', origin=origin))
+        await store.save_snapshot(
+            ContinuableSnapshot(
+                run_id=f'turn-{turn}', step_index=1, messages=chat_history(turn + 1), conversation_id='chat'
+            )
+        )
+    await store.register_run(
+        RunRecord(run_id='fork', conversation_id='chat', origin=RunOrigin(kind='forked', run_id='turn-1', seq=1))
+    )
+    forked = chat_history(2) + chat_history(1, tag='-fork', start=2)
+    await store.save_snapshot(ContinuableSnapshot(run_id='fork', step_index=1, messages=forked, conversation_id='chat'))
     yield store
     await store.aclose()
 
 
-async def _selects(engine: AsyncEngine, read: Callable[[], Awaitable[object]]) -> Captured:
-    """The SELECT statements (with their driver parameters) that `read` sends through `engine`."""
+_PLANNED = ('SELECT', 'WITH', 'UPDATE', 'DELETE')
+TABLES = ('runs', 'conversations', 'snapshots', 'snapshot_keys', 'events', 'tool_effects', 'history_lines', 'messages')
+
+
+async def _selects(
+    engine: AsyncEngine, read: Callable[[], Awaitable[object]], *, kinds: tuple[str, ...] = ('SELECT',)
+) -> Captured:
+    """The statements of `kinds` (with their driver parameters) that `read` sends through `engine`."""
     captured: Captured = []
 
     def capture(connection: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if statement.lstrip().upper().startswith('SELECT'):
+        if statement.lstrip().upper().startswith(kinds):
             captured.append((statement, parameters))
 
     event.listen(engine.sync_engine, 'before_cursor_execute', capture)
@@ -93,8 +117,11 @@ async def _plan(engine: AsyncEngine, statement: str, parameters: Any) -> str:
         return '\n'.join(str(row[0]) for row in found)
 
 
-async def _plans(engine: AsyncEngine, read: Callable[[], Awaitable[object]]) -> list[str]:
-    return [await _plan(engine, statement, parameters) for statement, parameters in await _selects(engine, read)]
+async def _plans(
+    engine: AsyncEngine, read: Callable[[], Awaitable[object]], *, kinds: tuple[str, ...] = ('SELECT',)
+) -> list[str]:
+    captured = await _selects(engine, read, kinds=kinds)
+    return [await _plan(engine, statement, parameters) for statement, parameters in captured]
 
 
 def _assert_no_full_scan(plan: str, table: str) -> None:
@@ -151,8 +178,76 @@ async def test_latest_snapshot_reads_indexes(
     )
     _assert_uses_index(header, 'snapshots', index)
     _assert_no_sort(header)
-    # Its history: the newest row per position, from the run's rows in the messages index.
-    assert messages, 'the snapshot was read without its messages'
+    # Its history: the line's base (by primary key), then the newest row per position of the line, from the
+    # line's rows in the messages index.
+    assert any('messages' in plan for plan in messages), 'the snapshot was read without its messages'
     for plan in messages:
-        _assert_no_full_scan(plan, 'messages')
-        assert re.search(r'ix_messages_run_id_position_no|pk_messages|sqlite_autoindex_messages_1', plan), plan
+        for table in TABLES:
+            _assert_no_full_scan(plan, table)
+        if 'messages' in plan:
+            assert re.search(r'ix_messages_line_id_position_no|pk_messages|sqlite_autoindex_messages_1', plan), plan
+
+
+async def test_a_branch_is_read_one_indexed_query_per_line(engine: AsyncEngine, store: SqlStepStore) -> None:
+    plans = await _plans(engine, lambda: store.latest_snapshot(run_id='fork'))
+    segments = [plan for plan in plans if 'messages' in plan]
+    assert len(segments) == 2, plans
+    for plan in plans:
+        for table in TABLES:
+            _assert_no_full_scan(plan, table)
+
+
+@pytest.mark.parametrize(
+    ('filters', 'index'),
+    [
+        ({'conversation_id': 'chat'}, 'ix_runs_conversation_id_started_at_id'),
+        ({'agent_name': 'agent-1'}, 'ix_runs_agent_name_started_at_id'),
+        ({'origin_run_id': 'turn-1'}, 'ix_runs_origin_run_id_started_at_id'),
+        ({}, 'ix_runs_started_at_id'),
+    ],
+    ids=['by conversation', 'by agent', 'by origin', 'all'],
+)
+async def test_the_newest_runs_are_read_from_an_index_in_order_up_to_the_limit(
+    engine: AsyncEngine, store: SqlStepStore, filters: dict[str, str], index: str
+) -> None:
+    [(statement, _)] = await _selects(engine, lambda: store.list_runs(**filters, limit=20, newest_first=True))
+    assert re.search(r'\bLIMIT\b', statement), statement
+    (plan,) = await _plans(engine, lambda: store.list_runs(**filters, limit=20, newest_first=True))
+    _assert_uses_index(plan, 'runs', index)
+    _assert_no_sort(plan)
+
+
+@pytest.mark.parametrize('newest_first', [True, False], ids=['newest first', 'oldest first'])
+async def test_list_conversations_reads_the_summaries_index_in_order(
+    engine: AsyncEngine, store: SqlStepStore, newest_first: bool
+) -> None:
+    (plan,) = await _plans(engine, lambda: store.list_conversations(limit=20, newest_first=newest_first))
+    _assert_uses_index(plan, 'conversations', 'ix_conversations_last_started_at_conversation_id')
+    _assert_no_sort(plan)
+
+
+async def test_list_conversations_of_an_agent_reads_its_runs_from_an_index(
+    engine: AsyncEngine, store: SqlStepStore
+) -> None:
+    (plan,) = await _plans(engine, lambda: store.list_conversations(limit=20, agent_name='agent-1'))
+    _assert_uses_index(plan, 'runs', 'ix_runs_agent_name_conversation_id_started_at_id')
+
+
+async def test_find_snapshot_reads_the_history_digest_index(engine: AsyncEngine, store: SqlStepStore) -> None:
+    latest = await store.latest_snapshot(run_id='turn-2')
+    assert latest is not None
+    digest = latest.history_digest()
+    (plan,) = await _plans(engine, lambda: store.find_snapshot(conversation_id='chat', history_digest=digest))
+    _assert_uses_index(plan, 'snapshots', 'ix_snapshots_conversation_id_history_digest')
+    _assert_no_full_scan(plan, 'runs')
+
+
+@pytest.mark.parametrize('run_id', ['turn-1', 'turn-3', 'fork', 'run-0'])
+async def test_deleting_a_run_reads_only_what_it_touches(engine: AsyncEngine, store: SqlStepStore, run_id: str) -> None:
+    """Every statement of a delete (the run, its children, its conversation's summary, the rows of its lines)
+    reads through an index: none scans a table."""
+    plans = await _plans(engine, lambda: store.delete_run(run_id=run_id), kinds=_PLANNED)
+    assert any('messages' in plan for plan in plans), plans
+    for plan in plans:
+        for table in TABLES:
+            _assert_no_full_scan(plan, table)

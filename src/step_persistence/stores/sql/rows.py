@@ -19,7 +19,7 @@ from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
 from step_persistence._reading import logger
-from step_persistence.records import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.records import ContinuableSnapshot, RunOrigin, RunRecord, StepEvent, ToolEffectRecord
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
 from step_persistence.stores.sql.types import DateTimeUTC, EpochInstant, JSONText, Tolerant, Unreadable
@@ -30,6 +30,7 @@ __all__ = [
     'MAX_INDEXED_BYTES',
     'RUN_COLUMNS',
     'RUN_KEY',
+    'SEQ_RANGE',
     'SNAPSHOT_HEADER_COLUMNS',
     'STEP_INDEX_RANGE',
     'TOOL_EFFECT_COLUMNS',
@@ -48,6 +49,7 @@ __all__ = [
     'snapshot_values',
     'tool_effect_from_row',
     'tool_effect_values',
+    'view_of',
 ]
 
 MAX_INDEXED_BYTES = 1024
@@ -56,7 +58,7 @@ MAX_INDEXED_BYTES = 1024
 bytes (after compression, which random text defeats), and the widest index holds two such values."""
 
 _INDEXED_FIELDS: dict[type, tuple[str, ...]] = {
-    RunRecord: ('run_id', 'conversation_id', 'parent_run_id'),
+    RunRecord: ('run_id', 'conversation_id', 'parent_run_id', 'agent_name'),
     StepEvent: ('run_id', 'idempotency_key'),
     ContinuableSnapshot: ('run_id', 'idempotency_key'),
     ToolEffectRecord: ('run_id', 'tool_call_id'),
@@ -66,10 +68,14 @@ _INDEXED_FIELDS: dict[type, tuple[str, ...]] = {
 STEP_INDEX_RANGE = range(-(2**31), 2**31)
 """The step indexes the store keeps (an `INTEGER` column: PostgreSQL's is 32 bits), on both dialects alike."""
 
+SEQ_RANGE = range(-(2**63), 2**63)
+"""The snapshot sequence numbers an origin may name (a `BIGINT` column)."""
+
 
 def require_storable(record: RunRecord | StepEvent | ContinuableSnapshot | ToolEffectRecord) -> None:
-    """Raise `ValueError` if an indexed id or key of `record` is longer than `MAX_INDEXED_BYTES` in UTF-8, or
-    its step index is outside `STEP_INDEX_RANGE`.
+    """Raise `ValueError` if an indexed id or key of `record` (its origin's run id included) is longer than
+    `MAX_INDEXED_BYTES` in UTF-8, its step index is outside `STEP_INDEX_RANGE`, or its origin's seq outside
+    `SEQ_RANGE`.
 
     Checked before anything is written; a string of at most a quarter as many characters needs no
     encoding to be known short enough.
@@ -79,8 +85,15 @@ def require_storable(record: RunRecord | StepEvent | ContinuableSnapshot | ToolE
             f'step_index {record.step_index} is outside the range the SQL store keeps '
             f'({STEP_INDEX_RANGE.start} to {STEP_INDEX_RANGE.stop - 1}): nothing was written'
         )
-    for name in _INDEXED_FIELDS[type(record)]:
-        value = getattr(record, name)
+    values = [(name, getattr(record, name)) for name in _INDEXED_FIELDS[type(record)]]
+    if isinstance(record, RunRecord) and record.origin is not None:
+        values.append(('origin.run_id', record.origin.run_id))
+        if record.origin.seq not in SEQ_RANGE:
+            raise ValueError(
+                f'origin.seq {record.origin.seq} is outside the range the SQL store keeps '
+                f'({SEQ_RANGE.start} to {SEQ_RANGE.stop - 1}): nothing was written'
+            )
+    for name, value in values:
         if value is not None and len(value) > MAX_INDEXED_BYTES // 4:
             size = len(value.encode('utf-8', 'surrogatepass'))
             if size > MAX_INDEXED_BYTES:
@@ -94,6 +107,7 @@ RUN_KEY = 'run'
 """The parameter naming the run of an event, tool effect or snapshot key (see `statements.py`)."""
 
 _RUN_FIELDS = ('run_id', 'conversation_id', 'parent_run_id', 'agent_name', 'metadata', 'started_at')
+_ORIGIN_FIELDS = ('origin_kind', 'origin_run_id', 'origin_seq')
 EVENT_FIELDS = (
     'run_id',
     'kind',
@@ -211,35 +225,51 @@ def require_readable(row: Mapping[str, Any], names: tuple[str, ...]) -> None:
             raise ValueError(f'unreadable {name}: {value.error!r}')
 
 
-RUN_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(readable(runs.c[name]) for name in _RUN_FIELDS)
+RUN_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(readable(runs.c[name]) for name in (*_RUN_FIELDS, *_ORIGIN_FIELDS))
 EVENT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(readable(events.c[name]) for name in EVENT_FIELDS)
 TOOL_EFFECT_COLUMNS: tuple[ColumnElement[Any], ...] = tuple(
     readable(tool_effects.c[name]) for name in TOOL_EFFECT_FIELDS
 )
 SNAPSHOT_HEADER_COLUMNS: tuple[ColumnElement[Any], ...] = (
     *(readable(snapshots.c[name]) for name in _SNAPSHOT_FIELDS),
+    snapshots.c.line_id,
     snapshots.c.history_length,
     snapshots.c.through_message,
 )
-"""A snapshot row: its fields and the reference to its messages."""
+"""A snapshot row: its fields and its view of a history line."""
 
 
 @dataclass(frozen=True)
 class StoredHistory:
-    """Which `messages` rows make up a snapshot's history: for each position below `length`, the
-    newest row numbered at most `through_message`."""
+    """A snapshot's view: for each position below `length`, the newest row of `line` numbered at most
+    `through_message`, or else the line's base view (`stores/_positions.py`). `line` is `None` only for
+    the empty history."""
 
+    line: int | None
     length: int
     through_message: int
 
 
-def run_values(record: RunRecord) -> dict[str, Any]:
-    return {name: getattr(record, name) for name in _RUN_FIELDS}
+def run_values(record: RunRecord, *, origin_kind: str | None = None) -> dict[str, Any]:
+    """The run's row; `origin_kind` stores its origin under another kind (a second continuation: `forked`)."""
+    values = {name: getattr(record, name) for name in _RUN_FIELDS}
+    origin = record.origin
+    values['origin_kind'] = None if origin is None else origin_kind or origin.kind
+    values['origin_run_id'] = None if origin is None else origin.run_id
+    values['origin_seq'] = None if origin is None else origin.seq
+    return values
 
 
 def run_from_row(row: Mapping[str, Any]) -> RunRecord:
+    """The record of a `runs` row (read with `RUN_COLUMNS`); an origin stored in part is damage."""
     require_readable(row, _RUN_FIELDS)
-    return RunRecord.model_validate({name: row[name] for name in _RUN_FIELDS})
+    fields: dict[str, Any] = {name: row[name] for name in _RUN_FIELDS}
+    kind, run_id, seq = (row[name] for name in _ORIGIN_FIELDS)
+    if (kind, run_id, seq) != (None, None, None):
+        if not _is_int(seq):
+            raise ValueError(f'malformed origin: kind {kind!r}, run {run_id!r}, seq {seq!r}')
+        fields['origin'] = RunOrigin.model_validate({'kind': kind, 'run_id': run_id, 'seq': seq}, strict=True)
+    return RunRecord.model_validate(fields)
 
 
 def event_values(event: StepEvent) -> dict[str, Any]:
@@ -262,23 +292,39 @@ def tool_effect_from_row(row: Mapping[str, Any]) -> ToolEffectRecord:
     return ToolEffectRecord.model_validate({name: row[name] for name in TOOL_EFFECT_FIELDS})
 
 
-def snapshot_values(snapshot: ContinuableSnapshot, *, seq: int, history: StoredHistory) -> dict[str, Any]:
+def snapshot_values(
+    snapshot: ContinuableSnapshot, *, seq: int, history: StoredHistory, history_digest: str
+) -> dict[str, Any]:
     values = {name: getattr(snapshot, name) for name in _SNAPSHOT_FIELDS if name != 'seq'}
-    return {**values, 'seq': seq, 'history_length': history.length, 'through_message': history.through_message}
+    return {
+        **values,
+        'seq': seq,
+        'line_id': history.line,
+        'history_length': history.length,
+        'through_message': history.through_message,
+        'history_digest': history_digest,
+    }
 
 
 def snapshot_header_from_row(row: Mapping[str, Any]) -> tuple[ContinuableSnapshot, StoredHistory]:
-    """The snapshot without messages, and the reference to its messages; `ValueError` for a malformed row.
+    """The snapshot without messages, and its view; `ValueError` for a malformed row.
 
-    A history of `length` messages uses rows numbered at least up to `length` (row `no` holds a
-    position below `no`, see `stores/_positions.py`), so a length beyond `through_message` is damage.
+    Only the empty history has no line. (Whether the length fits the line's rows and base is
+    checked when the view is read: `views.py`.)
     """
     require_readable(row, _SNAPSHOT_FIELDS)
     header = ContinuableSnapshot.model_validate({**{name: row[name] for name in _SNAPSHOT_FIELDS}, 'messages': []})
-    length, through = row['history_length'], row['through_message']
-    if not (_is_int(length) and _is_int(through) and 0 <= length <= through):
+    return header, view_of(row['line_id'], row['history_length'], row['through_message'])
+
+
+def view_of(line: object, length: object, through: object) -> StoredHistory:
+    """The view a snapshot row stores (`line_id`, `history_length`, `through_message`); `ValueError` for
+    values no save writes (only the empty history may have no line)."""
+    if not (_is_int(length) and _is_int(through) and length >= 0 and through >= 0):  # type: ignore[operator]
         raise ValueError(f'malformed history reference: length {length!r}, through message {through!r}')
-    return header, StoredHistory(length=length, through_message=through)
+    if not (_is_int(line) if line is not None else length == 0):
+        raise ValueError(f'malformed history reference: line {line!r} for a history of {length} messages')
+    return StoredHistory(line=line, length=length, through_message=through)  # type: ignore[arg-type]
 
 
 def _is_int(value: object) -> bool:

@@ -33,14 +33,18 @@ __all__ = [
     'TABLE_NAMES',
     'VERSION_TABLE',
     'Base',
+    'Conversation',
     'Event',
+    'HistoryLine',
     'Media',
     'Message',
     'Run',
     'Snapshot',
     'SnapshotKey',
     'ToolEffect',
+    'conversations',
     'events',
+    'history_lines',
     'include_name',
     'media',
     'messages',
@@ -65,6 +69,7 @@ SERIAL = BigInteger().with_variant(Integer(), 'sqlite')
 """An auto-incrementing key: `BIGSERIAL` on PostgreSQL, SQLite's `INTEGER PRIMARY KEY` rowid."""
 
 IDEMPOTENCY_KEY_SET = text('idempotency_key IS NOT NULL')
+CONTINUED = text("origin_kind = 'continued'")
 
 
 class Base(DeclarativeBase):
@@ -78,13 +83,24 @@ def _run_fk() -> Mapped[str]:
 
 
 class Run(Base):
-    """One agent run (`RunRecord`), plus the counters that number its snapshots and messages."""
+    """One agent run (`RunRecord`), plus the counter that numbers its snapshots."""
 
     __tablename__ = 'runs'
     __table_args__ = (
         Index('ix_runs_started_at_id', 'started_at', 'id'),
         Index('ix_runs_conversation_id_started_at_id', 'conversation_id', 'started_at', 'id'),
         Index('ix_runs_parent_run_id_started_at_id', 'parent_run_id', 'started_at', 'id'),
+        Index('ix_runs_agent_name_started_at_id', 'agent_name', 'started_at', 'id'),
+        Index('ix_runs_agent_name_conversation_id_started_at_id', 'agent_name', 'conversation_id', 'started_at', 'id'),
+        Index('ix_runs_origin_run_id_started_at_id', 'origin_run_id', 'started_at', 'id'),
+        Index(
+            'uq_runs_origin_run_id_origin_seq',
+            'origin_run_id',
+            'origin_seq',
+            unique=True,
+            sqlite_where=CONTINUED,
+            postgresql_where=CONTINUED,
+        ),
         {'sqlite_autoincrement': True},
     )
 
@@ -97,11 +113,53 @@ class Run(Base):
     agent_name: Mapped[str | None] = mapped_column(String)
     metadata_: Mapped[dict[str, str]] = mapped_column('metadata', JSON_DOCUMENT)
     started_at: Mapped[datetime] = mapped_column(DateTimeUTC)
+    origin_kind: Mapped[str | None] = mapped_column(String)
+    """`RunRecord.origin.kind` (`continued` or `forked`); `NULL` (with the other two): no origin. At most one
+    run is stored as the continuation of one snapshot (`uq_runs_origin_run_id_origin_seq`)."""
+    origin_run_id: Mapped[str | None] = mapped_column(String)
+    origin_seq: Mapped[int | None] = mapped_column(BigInteger)
     last_snapshot_seq: Mapped[int] = mapped_column(BigInteger, server_default=text('0'))
     """The highest snapshot sequence number handed out for this run."""
+
+
+class Conversation(Base):
+    """One row per `conversation_id` among the runs: what `list_conversations` returns, kept up to date by
+    the transactions that register and delete runs."""
+
+    __tablename__ = 'conversations'
+    __table_args__ = (Index('ix_conversations_last_started_at_conversation_id', 'last_started_at', 'conversation_id'),)
+
+    conversation_id: Mapped[str] = mapped_column(String, primary_key=True)
+    first_started_at: Mapped[datetime] = mapped_column(DateTimeUTC)
+    last_started_at: Mapped[datetime] = mapped_column(DateTimeUTC)
+    """The newest run's `started_at`."""
+    run_count: Mapped[int] = mapped_column(BigInteger)
+    head_run_pk: Mapped[int] = mapped_column(BigInteger)
+    """`runs.id` of the newest run (ties of `started_at` go to the later registration)."""
+    head_run_id: Mapped[str] = mapped_column(String)
+
+
+class HistoryLine(Base):
+    """A history line: the numbering of message rows that a chat's runs share (see `stores/_positions.py`).
+
+    A line with a base (a branch) starts from the view `(base_line_id, base_length, base_through)`:
+    its positions below `base_length` without a row of their own resolve there.
+    """
+
+    __tablename__ = 'history_lines'
+    __table_args__ = (
+        Index('ix_history_lines_base_line_id_base_through', 'base_line_id', 'base_through'),
+        {'sqlite_autoincrement': True},
+    )
+
+    id: Mapped[int] = mapped_column(SERIAL, primary_key=True, autoincrement=True)
+    """Never reused (`AUTOINCREMENT` on SQLite)."""
     last_message_no: Mapped[int] = mapped_column(BigInteger, server_default=text('0'))
-    """`no` of the run's newest `messages` row (0 before the first); it changes with every row written,
-    so a writer that finds it as it last saw it knows the run's messages are as it last saw them."""
+    """`no` of the line's newest `messages` row (0 before the first): a save appends to the line only while
+    this is still the `through` of the view it builds on."""
+    base_line_id: Mapped[int | None] = mapped_column(BigInteger)
+    base_length: Mapped[int | None] = mapped_column(Integer)
+    base_through: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Event(Base):
@@ -136,21 +194,22 @@ class Event(Base):
 
 
 class Message(Base):
-    """Every version of every message position of a run's history, each stored once.
+    """Every version of every message position of a history line, each stored once.
 
-    Row `no` (numbered per run, in the order rows are written) holds a version of the message
-    at `position` of the run's history. A save writes rows only for the positions whose message
-    differs from the newest version stored for that position; a snapshot names its messages with
+    Row `no` (numbered per line, in the order rows are written) holds a version of the message at
+    `position` of the histories of the line. A save writes rows only for the positions whose
+    message differs from the view it builds on; a snapshot names its messages with its line,
     `history_length` and `through_message` (see `Snapshot`).
     """
 
     __tablename__ = 'messages'
-    __table_args__ = (Index('ix_messages_run_id_position_no', 'run_id', 'position', 'no'),)
+    __table_args__ = (Index('ix_messages_line_id_position_no', 'line_id', 'position', 'no'),)
 
-    run_id: Mapped[str] = _run_fk()
+    line_id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    """`history_lines.id`."""
     no: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     position: Mapped[int] = mapped_column(Integer)
-    """The message's index in the run's history (0 is the first message)."""
+    """The message's index in the history (0 is the first message)."""
     digest: Mapped[str] = mapped_column(String(64))
     """SHA-256 (hex) of the message's JSON encoding (before any payload moved to the media store)."""
     body: Mapped[Any] = mapped_column(EncodedJSON)
@@ -160,15 +219,19 @@ class Message(Base):
 
 
 class Snapshot(Base):
-    """A continuable snapshot: its fields, and which rows of `messages` make up its history.
+    """A continuable snapshot: its fields, and its view of a history line.
 
-    Message `i` of the history (`0 <= i < history_length`) is the row of `messages` at position
-    `i` with the highest `no` that is at most `through_message`. Two integers, whatever the
-    length of the history.
+    Message `i` of the history (`0 <= i < history_length`) is the row of line `line_id` at
+    position `i` with the highest `no` that is at most `through_message`, or, without one, message
+    `i` of the line's base view. Three integers, whatever the length of the history.
     """
 
     __tablename__ = 'snapshots'
-    __table_args__ = (Index('ix_snapshots_run_id_state_seq', 'run_id', 'state', 'seq'),)
+    __table_args__ = (
+        Index('ix_snapshots_run_id_state_seq', 'run_id', 'state', 'seq'),
+        Index('ix_snapshots_line_id_through_message', 'line_id', 'through_message'),
+        Index('ix_snapshots_conversation_id_history_digest', 'conversation_id', 'history_digest'),
+    )
 
     run_id: Mapped[str] = _run_fk()
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
@@ -178,10 +241,14 @@ class Snapshot(Base):
     parent_run_id: Mapped[str | None] = mapped_column(String)
     agent_name: Mapped[str | None] = mapped_column(String)
     idempotency_key: Mapped[str | None] = mapped_column(String)
+    line_id: Mapped[int | None] = mapped_column(BigInteger)
+    """The history line of the snapshot's view (`NULL`: an empty history, which needs none)."""
     history_length: Mapped[int] = mapped_column(Integer)
     """How many messages the snapshot's history has."""
     through_message: Mapped[int] = mapped_column(BigInteger)
-    """The newest `messages.no` the history may use (the run's last message number when it was saved)."""
+    """The newest `messages.no` of the line the history may use."""
+    history_digest: Mapped[str | None] = mapped_column(String(64))
+    """`ContinuableSnapshot.history_digest()` of the history (`NULL` for snapshots saved before revision 0005)."""
     state: Mapped[str] = mapped_column(String, server_default='complete')
 
 
@@ -228,6 +295,8 @@ class Media(Base):
 
 
 runs: Table = Base.metadata.tables['runs']
+conversations: Table = Base.metadata.tables['conversations']
+history_lines: Table = Base.metadata.tables['history_lines']
 events: Table = Base.metadata.tables['events']
 messages: Table = Base.metadata.tables['messages']
 snapshots: Table = Base.metadata.tables['snapshots']

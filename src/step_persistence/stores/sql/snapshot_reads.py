@@ -1,10 +1,11 @@
 """Reading snapshots: each snapshot row and its history's message rows in one read transaction, decoded after it.
 
-Message `i` of a snapshot is the newest `messages` row at position `i` numbered at most its
-`through_message` (the position model of `stores/_positions.py`, written by `snapshot_saves.py`):
-one query per snapshot finds them all. Putting media back is async, so messages are decoded
-after the transaction. A snapshot whose fields or messages cannot be read is logged and skipped;
-`latest` then reads the one before it.
+Message `i` of a snapshot is the newest row of its line at position `i` numbered at most its
+`through_message`, or else message `i` of the line's base view (the position model of
+`stores/_positions.py`, written by `snapshot_saves.py`): one query per line of the view's chain
+(`views.py`; a chat's runs share one line, so usually one query). Putting media back is async, so
+messages are decoded after the transaction. A snapshot whose fields or messages cannot be read is
+logged and skipped; `latest` then reads the one before it.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ from functools import partial
 from typing import Any
 
 from pydantic_ai.messages import ModelMessage
-from sqlalchemy import Text, and_, cast, func, select
+from sqlalchemy import Text, cast, select
 
 from step_persistence._history import decode_messages
-from step_persistence._reading import read_or_skip, read_or_skip_async
+from step_persistence._reading import logger, read_or_skip, read_or_skip_async
 from step_persistence.records import ContinuableSnapshot
 from step_persistence.stores._media import MessageMedia
 from step_persistence.stores.sql import rows
@@ -27,6 +28,7 @@ from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.rows import StoredHistory
 from step_persistence.stores.sql.schema import messages, snapshots
+from step_persistence.stores.sql.views import LineBases, segment_query, view_rows
 
 __all__ = ['SnapshotReads']
 
@@ -37,7 +39,7 @@ class _Fetched:
 
     header: ContinuableSnapshot
     history: StoredHistory
-    found: list[Any]
+    found: Sequence[Any]
 
 
 class SnapshotReads:
@@ -71,25 +73,17 @@ class SnapshotReads:
         """The snapshot with its messages (media restored), or `None` (logged) if they cannot be read."""
 
         async def decode() -> ContinuableSnapshot:
-            decoded = await self._messages(fetched.history, fetched.found)
+            decoded = await self._messages(fetched.found)
             return fetched.header.model_copy(update={'messages': decoded})
 
         return await read_or_skip_async(f'snapshot {fetched.header.seq} of run {run_id!r}', decode)
 
-    async def _messages(self, history: StoredHistory, found: Sequence[Any]) -> list[ModelMessage]:
-        """The messages of `history` from its fetched rows, media put back.
+    async def _messages(self, found: Sequence[Any]) -> list[ModelMessage]:
+        """The messages of a history from its fetched rows (one per position), media put back.
 
-        Raises `ValueError` when a position has no row (damaged or removed rows), a body stored as it
-        is does not hash to its digest or is not a message, and whatever the media store raises for a
-        missing or corrupt blob.
+        Raises `ValueError` when a body stored as it is does not hash to its digest or is not a message,
+        and whatever the media store raises for a missing or corrupt blob.
         """
-        positions = [row[0] for row in found]
-        # Compared only once the lengths agree: the length is a stored value, the list of rows is bounded.
-        if len(positions) != history.length or positions != list(range(history.length)):
-            wrong = next((index for index, position in enumerate(positions) if position != index), len(positions))
-            raise ValueError(
-                f'no stored message at position {wrong} of {history.length} up to number {history.through_message}'
-            )
         for position, body, externalized, digest in found:
             # Stored as it is, a message's body is the encoding its digest is of: a body changed behind
             # the store's back is never returned as the message. (An externalized body is checked
@@ -110,43 +104,27 @@ def _headers(run_id: str, include_interrupted: bool) -> Any:
 
 def _fetch(transaction: Transaction, run_id: str, query: Any) -> list[tuple[int, _Fetched | None]]:
     """Every snapshot row of `query`: its `seq`, and the row with its message rows, or `None` if its fields
-    are unreadable (logged)."""
+    or its view cannot be read (logged)."""
     fetched: list[tuple[int, _Fetched | None]] = []
+    bases = LineBases(transaction)
     for row in rows.fetch(transaction, query):
-        parsed = read_or_skip(
-            f'snapshot {row.seq} of run {run_id!r}', partial(rows.snapshot_header_from_row, row._mapping)
-        )
+        name = f'snapshot {row.seq} of run {run_id!r}'
+        parsed = read_or_skip(name, partial(rows.snapshot_header_from_row, row._mapping))
         if parsed is None:
             fetched.append((row.seq, None))
             continue
-        header, history = parsed
-        fetched.append((row.seq, _Fetched(header, history, _history_rows(transaction, run_id, history))))
+        try:
+            found = view_rows(transaction, parsed[1], _BODIES, bases)
+        except ValueError as error:  # rows or bases damaged or removed; a database error is not caught
+            logger.warning('skipping unreadable %s: %r', name, error)
+            fetched.append((row.seq, None))
+            continue
+        fetched.append((row.seq, _Fetched(*parsed, found)))
     return fetched
 
 
-def _history_rows(transaction: Transaction, run_id: str, history: StoredHistory) -> list[Any]:
-    """The rows `(position, body, externalized)` that make up `history`, in position order (one query).
-
-    A row whose position is not a position (negative, or on SQLite not an integer: damaged behind
-    the store's back) belongs to no history, so that it never makes a later snapshot unreadable.
-    """
-    newest = (
-        select(messages.c.position, func.max(messages.c.no).label('no'))
-        .where(
-            messages.c.run_id == run_id,
-            messages.c.position >= 0,
-            messages.c.position < history.length,
-            messages.c.no <= history.through_message,
-        )
-        .group_by(messages.c.position)
-        .subquery('newest')
-    )
-    statement = (
-        select(messages.c.position, cast(messages.c.body, Text), messages.c.externalized, messages.c.digest)
-        .join_from(messages, newest, and_(messages.c.run_id == run_id, messages.c.no == newest.c.no))
-        .order_by(messages.c.position)
-    )
-    return [row for row in rows.fetch(transaction, statement) if type(row[0]) is int]
+_BODIES = segment_query(cast(messages.c.body, Text), messages.c.externalized, messages.c.digest)
+"""Per position of a view: `(position, body, externalized, digest)`."""
 
 
 def _is_encoding_of(body: object, digest: object) -> bool:

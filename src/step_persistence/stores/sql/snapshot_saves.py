@@ -1,39 +1,46 @@
-"""Saving snapshots: the one place that reserves, packs, numbers and writes a snapshot's message rows.
+"""Saving snapshots: the one place that plans, packs, numbers and writes a snapshot's message rows.
 
-A snapshot's history is stored in the position model of `stores/_positions.py`: a `messages`
-row (`no`, `position`, `digest`, `body`) only for each position whose message differs from the
-newest row stored there, and the snapshot row names its history with `history_length` and
-`through_message`. What the store knows of a run's rows is its `RunHead`, whose incarnation is
-`runs.id` (never reused, so a head from before the run was deleted and registered again is never
-used); the heads of recently written runs are cached (`BoundedLru`), except in a caller's
-transaction, which may still roll back.
+A snapshot's history is stored in the line model of `stores/_positions.py`: a `messages` row
+(`line_id`, `no`, `position`, `digest`, `body`) only for each position whose message differs from
+the view the save builds on, and the snapshot row names its own view with `line_id`,
+`history_length` and `through_message` (plus its `history_digest`, for `find_snapshot`). What the
+store knows of the view a run's next save builds on is its head (`heads.py`: a `RunHead` and its
+anchor, the stored snapshot whose view it is), whose incarnation is `runs.id` (never reused, so a
+head from before the run was deleted and registered again is never used). The heads of recently
+written runs are cached (`BoundedLru`), except in a caller's transaction, which may still roll back;
+a run registered with an origin starts from the head of the origin's run when that head is the
+origin snapshot's view (the previous turn of a chat, saved by this store).
 
 One `write_batch` (a flush: tool effects, events and snapshots), in order:
 
 1. Before any transaction (`_prepare`): each run's head comes from the cache, or from a read
-   transaction of its own (`runs.id`, `runs.last_message_no` and the rows up to it; an unknown run
-   has none). `plan_saves` numbers the rows each snapshot adds after the previous ones; those
-   messages are packed through the media policy. Blobs bound for this database's `SqlMediaStore`
-   are staged (`StagedBlobs`) for the transaction; blobs for any other media store are stored now.
-   With `media_store=None` a message is its own bytes: the heads come from the cache only, and the
-   rows are packed inside the transaction.
+   transaction of its own (`heads.read_head`: the view of the run's newest snapshot, else of its
+   origin snapshot; no message row is read when the stored `history_digest` shows that the
+   history being saved starts with that view). `plan_saves` finds the rows each snapshot adds;
+   those messages are packed through the media policy. Blobs bound for this database's
+   `SqlMediaStore` are staged (`StagedBlobs`) for the transaction; blobs for any other media store
+   are stored now. With `media_store=None` a message is its own bytes: a head that is not cached
+   is read inside the transaction, and the rows are packed there.
 2. One write transaction (`_write`; on SQLite `BEGIN IMMEDIATE`): the staged blob rows, the tool
    effects and events (`writes.py`), then per snapshot, in order (`_save`):
    a. the snapshot's idempotency key, if any, is claimed (a key the run used already ends the
       save: the run has that snapshot); then one `UPDATE runs ... RETURNING` (on PostgreSQL the
-      same statement as the claim) takes the run's next `last_snapshot_seq` and adds the planned
-      row count to `last_message_no`. It holds the run's row until commit, so writers of one run,
-      in any process, take turns here; what it returns, minus the reservation, is where this
-      save's numbers start;
-   b. if the head lags behind that number (another writer added rows), the rows since are read
-      into it; a head of an earlier registration starts over empty. The changed positions are
-      numbered from there and inserted in one statement; should one of them hold a message that was
-      not packed in step 1, `NeedsPacking` rolls the whole transaction back;
-   c. only when the rows written differ from the reservation, a second statement corrects
-      `last_message_no`; then the snapshot row is inserted, and with `max_snapshots_per_run` the
-      run's snapshots that retention no longer keeps (`retained_seqs`) are deleted.
+      same statement as the claim) takes the run's next `last_snapshot_seq`. It holds the run's
+      row until commit, so writers of one run, in any process, take turns here;
+   b. the head must belong to this registration of the run and its anchor must still be stored
+      (`heads.anchor_exists`: on PostgreSQL the anchor's row is locked `FOR KEY SHARE`, so a delete
+      of it waits for this commit, and finds the rows in use); otherwise the head is read again,
+      and should that need messages that were not packed in step 1, `NeedsPacking` rolls the
+      whole transaction back;
+   c. the rows are placed (`_place`): appended to the head's line when the line's
+      `last_message_no` is still the head's `through` (one `UPDATE ... WHERE last_message_no =`,
+      atomic with taking the numbers), else in a new line (a branch, whose base is the part of the
+      head's view the history keeps: another writer appended to the line since), numbered from 1
+      there; then inserted in one statement;
+   d. the snapshot row is inserted, and with `max_snapshots_per_run` the run's snapshots that
+      retention no longer keeps (`retained_seqs`) are deleted.
 3. After `NeedsPacking`, the run's head is read again and both steps run again. After the commit,
-   the advanced heads go to the cache, for the next save to plan from.
+   the heads (each now the view of the snapshot just written) go to the cache.
 """
 
 from __future__ import annotations
@@ -42,22 +49,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from sqlalchemy import bindparam, select
-
-from step_persistence._history import EncodedMessage
+from step_persistence._history import EncodedMessage, history_digest
 from step_persistence._lru import BoundedLru
 from step_persistence.media.protocol import MediaStore
 from step_persistence.media.walker import MARKER_KEY
-from step_persistence.records import ContinuableSnapshot, SnapshotState, StepWrites
+from step_persistence.records import ContinuableSnapshot, RunRecord, SnapshotState, StepWrites
 from step_persistence.retention import retained_seqs
 from step_persistence.stores._media import MessageMedia, PackedMessage
-from step_persistence.stores._positions import RunHead, plan_saves
+from step_persistence.stores._positions import LineBase, NumberedRow, RunHead, SavePlan, plan_saves
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.blobs import BlobWriter, StagedBlobs
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
+from step_persistence.stores.sql.heads import Anchor, KnownHead, anchor_exists, read_head, require_key
 from step_persistence.stores.sql.rows import RUN_KEY, StoredHistory
-from step_persistence.stores.sql.schema import messages, runs
 from step_persistence.stores.sql.statements import WriteStatements
 from step_persistence.stores.sql.writes import Writes, require_run
 
@@ -65,17 +70,6 @@ __all__ = ['HEADS_CACHED', 'NeedsPacking', 'SnapshotSaves']
 
 HEADS_CACHED = 256
 """How many runs' heads a store keeps in memory (the least recently used is forgotten)."""
-
-_RUN_ROW = select(runs.c.id, runs.c.last_message_no).where(runs.c.run_id == bindparam(RUN_KEY))
-_ROWS_SINCE = (
-    select(messages.c.no, messages.c.position, messages.c.digest)
-    .where(
-        messages.c.run_id == bindparam(RUN_KEY),
-        messages.c.no > bindparam('after'),
-        messages.c.no <= bindparam('through'),
-    )
-    .order_by(messages.c.no)
-)
 
 
 class NeedsPacking(Exception):
@@ -90,11 +84,8 @@ class NeedsPacking(Exception):
 class _Prepared:
     """What one write operation prepared for its snapshots before its transaction."""
 
-    heads: dict[str, RunHead] = field(default_factory=dict[str, RunHead])
-    """Per run, the head the transaction starts from (a copy), advanced as it writes."""
-    reserved: list[int] = field(default_factory=list[int])
-    """Per snapshot, in order, how many message rows it adds as planned from `heads` (0 for a run without
-    one): the message numbers its allocation reserves."""
+    heads: dict[str, KnownHead] = field(default_factory=dict[str, KnownHead])
+    """Per run, the head the transaction starts from (a copy), replaced as it writes."""
     packed: dict[str, PackedMessage] = field(default_factory=dict[str, PackedMessage])
     """Packed messages by digest."""
     staged: StagedBlobs | None = None
@@ -117,8 +108,6 @@ class _Allocation:
     """`runs.id`: the incarnation of the run's head."""
     seq: int
     """The snapshot's sequence number."""
-    after: int
-    """The number of the run's newest message row before this save: its rows are numbered after it."""
 
 
 class SnapshotSaves:
@@ -146,7 +135,7 @@ class SnapshotSaves:
         self._statements = statements
         self._writes = writes
         self._staged_media = staged_media
-        self._heads: BoundedLru[str, RunHead] | None = BoundedLru(HEADS_CACHED) if cache_heads else None
+        self._heads: BoundedLru[str, KnownHead] | None = BoundedLru(HEADS_CACHED) if cache_heads else None
         self._max_snapshots = max_snapshots
         self._blobs = BlobWriter(database.dialect_name)
 
@@ -160,80 +149,83 @@ class SnapshotSaves:
             except NeedsPacking as stale:
                 refresh = stale.run_id
                 continue
-            for run_id, head in prepared.heads.items():
-                self._remember(run_id, head)
+            for run_id, known in prepared.heads.items():
+                self._remember(run_id, known)
             return
 
-    def registered(self, run_id: str, run_pk: int) -> None:
-        """Remember the empty head of a run just registered (committed)."""
-        self._remember(run_id, RunHead(incarnation=run_pk))
+    def registered(self, record: RunRecord, run_pk: int) -> None:
+        """Remember the head of a run just registered (committed): none, or its origin snapshot's view when
+        this store's cached head of the origin's run is that view."""
+        origin = record.origin
+        if origin is None:
+            self._remember(record.run_id, KnownHead(RunHead(incarnation=run_pk)))
+            return
+        source = self._cached(origin.run_id)
+        if source is not None and source.anchor == Anchor(run_id=origin.run_id, seq=origin.seq):
+            head = source.head
+            own = RunHead(incarnation=run_pk, line=head.line, last_no=head.last_no, latest=list(head.latest))
+            self._remember(record.run_id, KnownHead(own, source.anchor))
 
     def forget(self, run_id: str) -> None:
         """Drop the head of a run just deleted."""
         if self._heads is not None:
             self._heads.pop(run_id)
 
-    def _cached(self, run_id: str) -> RunHead | None:
+    def _cached(self, run_id: str) -> KnownHead | None:
         return None if self._heads is None else self._heads.get(run_id)
 
-    def _remember(self, run_id: str, head: RunHead) -> None:
-        """Cache `head` (of committed rows), unless the cache holds a newer head of the same registration."""
+    def _remember(self, run_id: str, known: KnownHead) -> None:
+        """Cache `known` (of committed rows), unless the cache holds a head of a newer snapshot of the same
+        registration."""
         if self._heads is None:
             return
-        known = self._heads.get(run_id)
-        if known is None or known.incarnation != head.incarnation or known.last_no <= head.last_no:
-            self._heads.put(run_id, head)
+        cached = self._heads.get(run_id)
+        if (
+            cached is None
+            or cached.head.incarnation != known.head.incarnation
+            or _order(run_id, cached) <= _order(run_id, known)
+        ):
+            self._heads.put(run_id, known.copy())
 
     # --- 1. before the transaction ---
 
     async def _prepare(self, snapshots: Sequence[ContinuableSnapshot], *, refresh: str | None) -> _Prepared:
         """Plan and pack the rows `snapshots` add, from the runs' heads (`refresh`: re-read that run's head)."""
-        run_ids = dict.fromkeys(snapshot.run_id for snapshot in snapshots)
+        firsts: dict[str, list[str]] = {}
+        for snapshot in snapshots:
+            firsts.setdefault(snapshot.run_id, _digests(snapshot))
         store = self._media.store
         if store is None:
             prepared = _Prepared(packs_inline=True)
-            for run_id in run_ids:
-                head = self._cached(run_id)
-                if head is not None:
-                    prepared.heads[run_id] = head.copy()
-            prepared.reserved = _planned(prepared.heads, snapshots, {})
+            for run_id in firsts:
+                known = None if run_id == refresh else self._cached(run_id)
+                if known is not None:
+                    prepared.heads[run_id] = known.copy()
             return prepared
         prepared = _Prepared()
         media = self._media
         if store is self._staged_media:
             prepared.staged = StagedBlobs(store)
             media = MessageMedia(store=prepared.staged, threshold_bytes=media.threshold_bytes)
-        for run_id in run_ids:
-            head = None if run_id == refresh else self._cached(run_id)
-            if head is None:
-                head = await self._read_head(run_id)
-            if head is not None:  # an unknown run: the transaction raises LookupError
-                prepared.heads[run_id] = head.copy()
-        new: dict[str, EncodedMessage] = {}
-        prepared.reserved = _planned(prepared.heads, snapshots, new)
-        for digest, message in new.items():
+        for run_id, digests in firsts.items():
+            known = None if run_id == refresh else self._cached(run_id)
+            if known is None:
+                known = await self._read_head(run_id, digests)
+            if known is not None:  # an unknown run: the transaction raises LookupError
+                prepared.heads[run_id] = known.copy()
+        for digest, message in _new_messages(prepared.heads, snapshots).items():
             if _has_no_media(message, media.threshold_bytes):
                 prepared.packed[digest] = PackedMessage(message.data, externalized=False)
             else:
                 prepared.packed[digest] = await media.pack_message(message)
         return prepared
 
-    async def _read_head(self, run_id: str) -> RunHead | None:
-        """The run's committed head, read from the database (and cached); `None` for an unknown run."""
-
-        def read(transaction: Transaction) -> RunHead | None:
-            row = transaction.execute(_RUN_ROW, {RUN_KEY: run_id}).first()
-            if row is None:
-                return None
-            _require_counters(run_id, row.id, row.last_message_no)
-            head = RunHead(incarnation=row.id)
-            _catch_up(transaction, run_id, head, row.last_message_no)
-            return head
-
-        head = await self._db.run(read, write=False)
-        if head is not None:
-            self._remember(run_id, head.copy())
-        return head
+    async def _read_head(self, run_id: str, digests: Sequence[str]) -> KnownHead | None:
+        """The run's head as stored (and cached); `None` for an unknown run."""
+        known = await self._db.run(partial(read_head, run_id=run_id, digests=digests, lock=False), write=False)
+        if known is not None:
+            self._remember(run_id, known)
+        return known
 
     # --- 2. inside the transaction ---
 
@@ -243,28 +235,50 @@ class SnapshotSaves:
         for effect in batch.tool_effects:
             self._writes.record_tool_effect(transaction, effect)
         self._writes.append_events(transaction, batch.events)
-        for snapshot, reserved in zip(batch.snapshots, prepared.reserved, strict=True):
-            self._save(transaction, snapshot, prepared, reserved)
+        for snapshot in batch.snapshots:
+            self._save(transaction, snapshot, prepared)
 
-    def _save(
-        self, transaction: Transaction, snapshot: ContinuableSnapshot, prepared: _Prepared, reserved: int
-    ) -> None:
-        allocation = self._allocate(transaction, snapshot, reserved)
+    def _save(self, transaction: Transaction, snapshot: ContinuableSnapshot, prepared: _Prepared) -> None:
+        allocation = self._allocate(transaction, snapshot)
         if allocation is None:
             return  # the run used this idempotency key already
-        history = self._write_messages(transaction, snapshot, prepared, allocation, reserved)
-        values = rows.snapshot_values(snapshot, seq=allocation.seq, history=history)
-        transaction.execute(self._statements.insert_snapshot, values)
+        run_id = snapshot.run_id
+        encoded = snapshot.encoded_messages()
+        digests = [message.digest for message in encoded]
+        head = self._anchored(transaction, run_id, allocation.run_pk, digests, prepared).head
+        line, placed, through = self._place(transaction, head, plan_saves(head, [digests]), len(digests))
+        if placed:
+            values = []
+            for row in placed:
+                packed = prepared.body(run_id, encoded[row.position])
+                values.append(
+                    {
+                        'line_id': line,
+                        'no': row.no,
+                        'position': row.position,
+                        'digest': row.digest,
+                        'body': packed.data,
+                        'externalized': packed.externalized,
+                    }
+                )
+            transaction.execute(self._statements.insert_messages, values)
+        history = StoredHistory(line=line, length=len(digests), through_message=through)
+        header = rows.snapshot_values(
+            snapshot, seq=allocation.seq, history=history, history_digest=history_digest(digests)
+        )
+        transaction.execute(self._statements.insert_snapshot, header)
+        saved = RunHead(incarnation=allocation.run_pk, line=line, last_no=through, latest=list(digests))
+        prepared.heads[run_id] = KnownHead(saved, Anchor(run_id=run_id, seq=allocation.seq), checked=True)
         if self._max_snapshots is not None:
-            self._prune(transaction, snapshot.run_id, self._max_snapshots)
+            self._prune(transaction, run_id, self._max_snapshots)
 
-    def _allocate(self, transaction: Transaction, snapshot: ContinuableSnapshot, reserved: int) -> _Allocation | None:
-        """Take the snapshot's sequence number and `reserved` message numbers; `None` if its key was used.
+    def _allocate(self, transaction: Transaction, snapshot: ContinuableSnapshot) -> _Allocation | None:
+        """Take the snapshot's sequence number; `None` if its key was used.
 
         Raises `LookupError` for an unregistered run.
         """
         run_id = snapshot.run_id
-        parameters = {RUN_KEY: run_id, 'added': reserved}
+        parameters = {RUN_KEY: run_id}
         claim_and_allocate = self._statements.claim_and_allocate_snapshot
         if snapshot.idempotency_key is None:
             allocated = transaction.execute(self._statements.allocate_snapshot, parameters).first()
@@ -280,9 +294,10 @@ class SnapshotSaves:
             return None
         if allocated is None:
             raise LookupError(f'run {run_id!r} is not registered')
-        run_pk, seq, last_message_no = allocated
-        _require_counters(run_id, run_pk, seq, last_message_no)
-        return _Allocation(run_pk=run_pk, seq=seq, after=last_message_no - reserved)
+        run_pk, seq = allocated
+        if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
+            raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
+        return _Allocation(run_pk=require_key(run_id, run_pk), seq=seq)
 
     def _claim_key(self, transaction: Transaction, snapshot: ContinuableSnapshot) -> bool:
         """Record the snapshot's idempotency key; `False` if the run already used it."""
@@ -292,48 +307,57 @@ class SnapshotSaves:
         require_run(transaction, snapshot.run_id)
         return False
 
-    def _write_messages(
-        self,
-        transaction: Transaction,
-        snapshot: ContinuableSnapshot,
-        prepared: _Prepared,
-        allocation: _Allocation,
-        reserved: int,
-    ) -> StoredHistory:
-        """Write the changed positions of the snapshot's history, numbered after `allocation.after`, and
-        return the snapshot's reference to its history.
+    def _anchored(
+        self, transaction: Transaction, run_id: str, run_pk: int, digests: Sequence[str], prepared: _Prepared
+    ) -> KnownHead:
+        """The run's head, of this registration and with its anchor stored (locked on PostgreSQL).
 
-        The allocation set the run's `last_message_no` to `allocation.after + reserved`; it is
-        corrected here if the rows written differ.
+        A head that is not (another writer deleted its snapshot, or the run and registered it again)
+        is read again here when messages are packed inside the transaction; otherwise `NeedsPacking`.
         """
-        run_id, after = snapshot.run_id, allocation.after
-        head = prepared.heads.get(run_id)
-        if head is None or head.incarnation != allocation.run_pk or head.last_no > after:
-            head = prepared.heads[run_id] = RunHead(incarnation=allocation.run_pk)
-        if head.last_no < after:
-            _catch_up(transaction, run_id, head, after)
-        encoded = snapshot.encoded_messages()
-        plan = plan_saves(head, [[message.digest for message in encoded]])
-        if plan.rows:
-            values = []
-            for row in plan.rows:
-                packed = prepared.body(run_id, encoded[row.position])
-                values.append(
-                    {
-                        'run_id': run_id,
-                        'no': row.no,
-                        'position': row.position,
-                        'digest': row.digest,
-                        'body': packed.data,
-                        'externalized': packed.externalized,
-                    }
-                )
-            transaction.execute(self._statements.insert_messages, values)
-        through = plan.throughs[0]
-        if through != after + reserved:
-            transaction.execute(self._statements.advance_messages, {'pk': allocation.run_pk, 'last_no': through})
-        head.advance(plan.rows, through=through)
-        return StoredHistory(length=len(encoded), through_message=through)
+        known = prepared.heads.get(run_id)
+        if (
+            known is not None
+            and known.head.incarnation == run_pk
+            and (known.anchor is None or known.checked or anchor_exists(transaction, known.anchor))
+        ):
+            known.checked = True
+            return known
+        if not prepared.packs_inline:
+            raise NeedsPacking(run_id)
+        found = read_head(transaction, run_id, digests, lock=True)
+        if found is None:
+            raise LookupError(f'run {run_id!r} is not registered')
+        prepared.heads[run_id] = found
+        return found
+
+    def _place(
+        self, transaction: Transaction, head: RunHead, plan: SavePlan, length: int
+    ) -> tuple[int | None, list[NumberedRow], int]:
+        """Where the planned rows go: `(line, rows, through)` of the saved view.
+
+        On the head's line when nobody appended to it since the head's view; else on a new line
+        (branching from the part of the head's view the history keeps, if any), its rows numbered
+        from 1. A plan without rows keeps the head's view (the history is a prefix of it).
+        """
+        current = _line_of(head)
+        if not plan.rows:
+            return current, [], head.last_no
+        if current is not None:
+            appending = {'line': current, 'through': head.last_no, 'added': len(plan.rows)}
+            if transaction.execute(self._statements.append_to_line, appending).rowcount:
+                return current, plan.rows, plan.throughs[0]
+        base = _kept_base(head, plan, length)
+        parameters: dict[str, object] = {
+            'last_message_no': len(plan.rows),
+            'base_line_id': None if base is None else base.line,
+            'base_length': None if base is None else base.length,
+            'base_through': None if base is None else base.through,
+        }
+        (line,) = transaction.execute(self._statements.insert_line, parameters).first()
+        offset = head.last_no
+        renumbered = [NumberedRow(row.no - offset, row.position, row.digest) for row in plan.rows]
+        return line, renumbered, len(renumbered)
 
     def _prune(self, transaction: Transaction, run_id: str, max_snapshots: int) -> None:
         found = transaction.execute(self._statements.snapshot_states, {RUN_KEY: run_id})
@@ -344,55 +368,53 @@ class SnapshotSaves:
             transaction.execute(self._statements.prune_snapshots, {RUN_KEY: run_id, 'seqs': pruned})
 
 
-def _catch_up(transaction: Transaction, run_id: str, head: RunHead, through: int) -> None:
-    """Advance `head` with the run's rows numbered after it, up to `through`.
+def _digests(snapshot: ContinuableSnapshot) -> list[str]:
+    return [message.digest for message in snapshot.encoded_messages()]
 
-    A row damaged behind the store's back (SQLite keeps any value in any column) changes nothing
-    but its own position: a number that is not an integer drops the row, a position that is not one
-    (or one the row cannot hold, which `RunHead.apply` logs) or a digest that is not text makes the
-    position be written again.
-    """
-    found = rows.fetch(transaction, _ROWS_SINCE, {RUN_KEY: run_id, 'after': head.last_no, 'through': through})
-    head.apply(
-        (
-            (no, position if _is_int(position) else None, digest if isinstance(digest, str) else None)
-            for no, position, digest in found
-            if _is_int(no)
-        ),
-        through=through,
+
+def _line_of(head: RunHead) -> int | None:
+    """The head's line as the SQL store numbers lines (`history_lines.id`)."""
+    if head.line is None or isinstance(head.line, int):
+        return head.line
+    raise TypeError(f'a SQL history line is an integer, not {head.line!r}')
+
+
+def _order(run_id: str, known: KnownHead) -> int:
+    """How new the view of a head of `run_id` is: its anchor's seq when the anchor is the run's own snapshot."""
+    anchor = known.anchor
+    return anchor.seq if anchor is not None and anchor.run_id == run_id else 0
+
+
+def _kept_base(head: RunHead, plan: SavePlan, length: int) -> LineBase | None:
+    """The base of a line branching from `head` for a history of `length` saved by `plan`: the head's view
+    up to its last position the history keeps (`None`: it keeps none)."""
+    if head.line is None:
+        return None
+    changed = {row.position for row in plan.rows}
+    kept = next(
+        (position for position in reversed(range(min(length, len(head.latest)))) if position not in changed), None
     )
+    return None if kept is None else LineBase(line=head.line, length=kept + 1, through=head.last_no)
 
 
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _require_counters(run_id: str, run_pk: object, *counters: object) -> None:
-    """Raise `ValueError` unless the run row's key is an integer and its counters are integers from 0 (a
-    damaged row: SQLite keeps any value in any column)."""
-    if not (_is_int(run_pk) and all(_is_int(counter) and counter >= 0 for counter in counters)):  # type: ignore[operator]
-        raise ValueError(f'run {run_id!r} is damaged: its row holds {(run_pk, *counters)!r} as its key and counters')
-
-
-def _planned(
-    heads: dict[str, RunHead], snapshots: Sequence[ContinuableSnapshot], new: dict[str, EncodedMessage]
-) -> list[int]:
-    """Per snapshot, how many message rows its save adds after the previous ones, planned from copies of
-    `heads` (0 for a run without a head); the messages of those rows are added to `new` by digest."""
-    planned = {run_id: head.copy() for run_id, head in heads.items()}
-    reserved: list[int] = []
+def _new_messages(heads: dict[str, KnownHead], snapshots: Sequence[ContinuableSnapshot]) -> dict[str, EncodedMessage]:
+    """The messages of the rows `snapshots` add (by digest), planned in order from copies of `heads` (a run
+    without a head adds none: it is not registered)."""
+    planned = {run_id: known.head.copy() for run_id, known in heads.items()}
+    new: dict[str, EncodedMessage] = {}
     for snapshot in snapshots:
         head = planned.get(snapshot.run_id)
         if head is None:
-            reserved.append(0)
             continue
         encoded = snapshot.encoded_messages()
-        plan = plan_saves(head, [[message.digest for message in encoded]])
+        digests = [message.digest for message in encoded]
+        plan = plan_saves(head, [digests])
         for row in plan.rows:
             new.setdefault(row.digest, encoded[row.position])
-        head.advance(plan.rows, through=plan.throughs[0])
-        reserved.append(len(plan.rows))
-    return reserved
+        planned[snapshot.run_id] = RunHead(
+            incarnation=head.incarnation, line=head.line, last_no=plan.throughs[0], latest=list(digests)
+        )
+    return new
 
 
 _MEDIA_SIGNS = (b'"binary"', MARKER_KEY.encode())

@@ -33,7 +33,15 @@ from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.dialects import DialectInsert, dialect_insert
 from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.rows import RUN_KEY
-from step_persistence.stores.sql.schema import events, messages, runs, snapshot_keys, snapshots, tool_effects
+from step_persistence.stores.sql.schema import (
+    events,
+    history_lines,
+    messages,
+    runs,
+    snapshot_keys,
+    snapshots,
+    tool_effects,
+)
 
 __all__ = ['EVENTS_PER_STATEMENT', 'WriteStatements', 'events_rows_parameters']
 
@@ -101,7 +109,8 @@ class WriteStatements:
     """Every statement the store's write operations execute, for one dialect."""
 
     register_run: Prepared
-    """Values `rows.run_values`; returns the new row's `id`, or nothing for a duplicate `run_id`."""
+    """Values `rows.run_values`; returns the new row's `id`, or nothing when a unique index refuses it (a
+    duplicate `run_id`, or a second `continued` run of one snapshot: `uq_runs_origin_run_id_origin_seq`)."""
     append_event: Prepared
     """Values `rows.event_values` without `run_id`, and `run`; a repeated idempotency key inserts nothing."""
     record_tool_effect: Prepared
@@ -109,19 +118,23 @@ class WriteStatements:
     claim_snapshot_key: Prepared
     """Values `idempotency_key` and `run`; inserts nothing when the run already used the key."""
     allocate_snapshot: Prepared
-    """Values `run` and `added`: takes the run's next `last_snapshot_seq`, reserves `added` message numbers,
-    and returns the run's `id`, that sequence number and its new `last_message_no`."""
+    """Value `run`: takes the run's next `last_snapshot_seq` and returns the run's `id` and that sequence
+    number (holding the run's row until commit)."""
     claim_and_allocate_snapshot: Prepared | None
     """Where the dialect runs an `INSERT` inside a statement (PostgreSQL: `WITH ... INSERT ...
     RETURNING`): `claim_snapshot_key` and then `allocate_snapshot` in one statement, values
-    `run`, `idempotency_key` and `added`. Returns `allocate_snapshot`'s row, or nothing when the
-    key was used already (or the run is not registered); `None` elsewhere."""
+    `run` and `idempotency_key`. Returns `allocate_snapshot`'s row, or nothing when the key was
+    used already (or the run is not registered); `None` elsewhere."""
+    append_to_line: Prepared
+    """Values `line`, `through` and `added`: adds `added` to the line's `last_message_no` if it is still
+    `through` (counted: 0 rows when another writer appended since, or the line is gone)."""
+    insert_line: Prepared
+    """Values `last_message_no`, `base_line_id`, `base_length`, `base_through` (`None`: no base); returns
+    the new line's `id`."""
     insert_snapshot: Prepared
     """Values `rows.snapshot_values`."""
     insert_messages: Prepared
     """Values of `messages` rows (a list of dicts)."""
-    advance_messages: Prepared
-    """Values `pk` (the run's `id`) and `last_no`: the number of the run's newest message row."""
     snapshot_states: Prepared
     """Value `run`: `(seq, state)` of every snapshot of the run."""
     prune_snapshots: Delete
@@ -148,18 +161,13 @@ class WriteStatements:
         allocate_snapshot = (
             update(runs)
             .where(runs.c.run_id == bindparam(RUN_KEY))
-            .values(
-                last_snapshot_seq=runs.c.last_snapshot_seq + 1,
-                last_message_no=runs.c.last_message_no + bindparam('added', type_=Integer),
-            )
-            .returning(runs.c.id, runs.c.last_snapshot_seq, runs.c.last_message_no)
+            .values(last_snapshot_seq=runs.c.last_snapshot_seq + 1)
+            .returning(runs.c.id, runs.c.last_snapshot_seq)
         )
         claimed = claim_snapshot_key.returning(snapshot_keys.c.run_id).cte('claimed')
         claim_and_allocate = allocate_snapshot.where(exists(select(claimed.c.run_id))).add_cte(claimed)
         return cls(
-            register_run=Prepared(
-                insert(runs).on_conflict_do_nothing(index_elements=[runs.c.run_id]).returning(runs.c.id)
-            ),
+            register_run=Prepared(insert(runs).on_conflict_do_nothing().returning(runs.c.id)),
             append_event=Prepared(
                 events_insert.on_conflict_do_nothing(
                     index_elements=[events.c.run_id, events.c.idempotency_key],
@@ -182,11 +190,14 @@ class WriteStatements:
             claim_snapshot_key=Prepared(claim_snapshot_key),
             allocate_snapshot=Prepared(allocate_snapshot),
             claim_and_allocate_snapshot=Prepared(claim_and_allocate) if dialect_name == 'postgresql' else None,
+            append_to_line=Prepared(
+                update(history_lines)
+                .where(history_lines.c.id == bindparam('line'), history_lines.c.last_message_no == bindparam('through'))
+                .values(last_message_no=history_lines.c.last_message_no + bindparam('added', type_=Integer))
+            ),
+            insert_line=Prepared(history_lines.insert().returning(history_lines.c.id)),
             insert_snapshot=Prepared(snapshots.insert()),
             insert_messages=Prepared(messages.insert()),
-            advance_messages=Prepared(
-                update(runs).where(runs.c.id == bindparam('pk')).values(last_message_no=bindparam('last_no'))
-            ),
             snapshot_states=Prepared(
                 select(snapshots.c.seq, snapshots.c.state).where(snapshots.c.run_id == bindparam(RUN_KEY))
             ),

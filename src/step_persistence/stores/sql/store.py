@@ -16,22 +16,25 @@ from typing import Any
 
 from sqlalchemy import and_, select
 
-from step_persistence._arguments import require_text
+from step_persistence._arguments import require_limit, require_text
 from step_persistence._reading import read_each, read_or_skip
 from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
+    ConversationSummary,
     RunRecord,
+    SnapshotRef,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
 )
 from step_persistence.retention import validate_max_snapshots
+from step_persistence.stores._listing import RunFilter
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
 from step_persistence.stores._pruning import PrunesOldRuns
+from step_persistence.stores.sql import conversations, listing, reclaiming, rows
 from step_persistence.stores.sql import lifecycle as sql_lifecycle
-from step_persistence.stores.sql import reclaiming, rows
 from step_persistence.stores.sql.database import Database, DatabaseTarget
 from step_persistence.stores.sql.database_store import DatabaseStore
 from step_persistence.stores.sql.media_store import SqlMediaStore
@@ -138,7 +141,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         rows.require_storable(record)
         await self._ready()
         run_pk = await self._db.run(partial(self._writes.register_run, record=record), write=True)
-        self._snapshot_saves.registered(record.run_id, run_pk)
+        self._snapshot_saves.registered(record, run_pk)
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         require_text('run_id', run_id)
@@ -146,16 +149,54 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         return None if not found else read_or_skip(f'run {run_id!r}', partial(rows.run_from_row, found[0]._mapping))
 
     async def list_runs(
-        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+        self,
+        *,
+        parent_run_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        origin_run_id: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
     ) -> list[RunRecord]:
-        require_text('parent_run_id', parent_run_id, optional=True)
-        require_text('conversation_id', conversation_id, optional=True)
-        statement = select(*rows.RUN_COLUMNS).order_by(runs.c.started_at, runs.c.id)
-        if parent_run_id is not None:
-            statement = statement.where(runs.c.parent_run_id == parent_run_id)
-        if conversation_id is not None:
-            statement = statement.where(runs.c.conversation_id == conversation_id)
-        return read_each(await self._read(statement), _run_name, _run_from_row)
+        chosen = RunFilter(
+            parent_run_id=parent_run_id,
+            conversation_id=conversation_id,
+            agent_name=agent_name,
+            origin_run_id=origin_run_id,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        return read_each(await self._read(listing.runs_query(chosen)), _run_name, _run_from_row)
+
+    async def list_conversations(
+        self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
+    ) -> list[ConversationSummary]:
+        require_limit(limit)
+        if not isinstance(newest_first, bool):
+            raise TypeError(f'newest_first must be a bool, not {type(newest_first).__name__}')
+        require_text('agent_name', agent_name, optional=True)
+        query = conversations.summaries_query(limit=limit, newest_first=newest_first, agent_name=agent_name)
+        await self._ready()
+        found = await self._db.run(
+            partial(rows.fetch, statement=query, parameters={'agent_name': agent_name}), write=False
+        )
+        return read_each(
+            found,
+            lambda row: f'conversation {row.conversation_id!r}',
+            lambda row: conversations.summary_from_row(row._mapping),
+        )
+
+    async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
+        require_text('conversation_id', conversation_id)
+        require_text('history_digest', history_digest)
+        for run_id, seq in await self._read(listing.snapshots_of_history(conversation_id, history_digest)):
+            found = read_or_skip(
+                f'snapshot {seq!r} of run {run_id!r}',
+                partial(SnapshotRef.model_validate, {'run_id': run_id, 'seq': seq}, strict=True),
+            )
+            if found is not None:
+                return found
+        return None
 
     # --- events ---
 

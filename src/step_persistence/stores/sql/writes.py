@@ -4,7 +4,9 @@
 an async engine, through `run_sync` on a caller's connection); a flush's tool effects and events
 run in the transaction of its snapshots (`snapshot_saves.py`). Every statement comes from
 `WriteStatements`, built once per dialect. A write for an unregistered run inserts nothing, and
-`require_run` tells that from a repeated idempotency key.
+`require_run` tells that from a repeated idempotency key. Registering and deleting a run keep its
+conversation's summary (`conversations.py`) in the same transaction; deleting one reclaims the
+rows of its lines no other view uses (`reclaiming.release_lines`).
 """
 
 from __future__ import annotations
@@ -12,18 +14,20 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 
 from step_persistence.records import RunRecord, StepEvent, ToolEffectRecord
-from step_persistence.stores.sql import rows
+from step_persistence.stores.sql import conversations, rows
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.prepared import Prepared
-from step_persistence.stores.sql.schema import events, messages, runs, snapshot_keys, snapshots, tool_effects
+from step_persistence.stores.sql.reclaiming import lines_of_run, release_lines
+from step_persistence.stores.sql.schema import events, runs, snapshot_keys, snapshots, tool_effects
 from step_persistence.stores.sql.statements import EVENTS_PER_STATEMENT, WriteStatements, events_rows_parameters
 
 __all__ = ['Writes', 'require_run']
 
-_CHILD_TABLES = (events, messages, snapshots, snapshot_keys, tool_effects)
+_CHILD_TABLES = (events, snapshots, snapshot_keys, tool_effects)
+_DOOMED_RUN = select(runs.c.conversation_id).where(runs.c.run_id == bindparam(rows.RUN_KEY)).with_for_update()
 
 
 def require_run(transaction: Transaction, run_id: str) -> None:
@@ -39,11 +43,21 @@ class Writes:
         self._statements = statements
 
     def register_run(self, transaction: Transaction, record: RunRecord) -> int:
-        """Insert the run and return its row's `id`; `ValueError` if the run id is taken."""
+        """Insert the run and return its row's `id`; `ValueError` if the run id is taken.
+
+        A `continued` origin whose snapshot another stored run continues is stored as `forked`: the
+        partial unique index refuses the first insert (on PostgreSQL after waiting for a concurrent
+        one to commit or roll back), and the run goes in again as a fork.
+        """
         inserted = transaction.execute(self._statements.register_run, rows.run_values(record)).first()
+        if inserted is None and record.origin is not None and record.origin.kind == 'continued':
+            forked = rows.run_values(record, origin_kind='forked')
+            inserted = transaction.execute(self._statements.register_run, forked).first()
         if inserted is None:
             raise ValueError(f'run {record.run_id!r} is already registered')
-        return int(inserted[0])
+        run_pk = int(inserted[0])
+        conversations.run_registered(transaction, record, run_pk)
+        return run_pk
 
     def append_event(self, transaction: Transaction, event: StepEvent) -> None:
         written = transaction.execute(self._statements.append_event, rows.event_values(event)).rowcount
@@ -81,5 +95,12 @@ class Writes:
             raise LookupError(f'run {record.run_id!r} is not registered')
 
     def delete_run(self, transaction: Transaction, run_id: str) -> None:
+        """Delete the run and everything of it, keep its conversation's summary, and reclaim the rows of its
+        lines no remaining view uses. (Its row is locked first on PostgreSQL: saves of it in flight end first.)"""
+        doomed = rows.fetch(transaction, _DOOMED_RUN, {rows.RUN_KEY: run_id})
+        released = lines_of_run(transaction, run_id)
         for table in (*_CHILD_TABLES, runs):
             transaction.execute(delete(table).where(table.c.run_id == run_id))
+        if doomed and isinstance(doomed[0][0], str):
+            conversations.run_deleted(transaction, doomed[0][0])
+        release_lines(transaction, released)
