@@ -15,13 +15,13 @@ from typing import Any
 
 import anyio.to_thread
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import Table, func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import FileStepStore, InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepStore
 from step_persistence.stores.file._layout import MEDIA_DIRECTORY_NAME
 from step_persistence.stores.mongo import MongoStepStore
-from step_persistence.stores.sql.schema import media
+from step_persistence.stores.sql.schema import media, messages
 from support.servers.mongo import Driver, MongoServer
 from support.servers.postgres import PostgresServer
 
@@ -107,14 +107,14 @@ def _file(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[Backend
     )
 
 
-async def _count_media_rows(urls: list[str]) -> int:
-    """Rows of the `media` table, summed over the databases at `urls`."""
+async def _count_rows(urls: list[str], table: Table) -> int:
+    """Rows of `table`, summed over the databases at `urls`."""
     total = 0
     for url in urls:
         engine = create_async_engine(url)
         try:
             async with engine.connect() as connection:
-                total += (await connection.execute(select(func.count()).select_from(media))).scalar_one()
+                total += (await connection.execute(select(func.count()).select_from(table))).scalar_one()
         finally:
             await engine.dispose()
     return total
@@ -129,13 +129,20 @@ def _sqlite(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[Backe
         files.append(root / f'sqlite-{len(files)}.db')
         return SqliteStepStore(files[-1], **options)
 
+    def urls() -> list[str]:
+        return [f'sqlite+aiosqlite:///{path}' for path in files]
+
     async def count_media_blobs() -> int:
-        return await _count_media_rows([f'sqlite+aiosqlite:///{path}' for path in files])
+        return await _count_rows(urls(), media)
+
+    async def count_stored_messages() -> int:
+        return await _count_rows(urls(), messages)
 
     return closing(
         build,
         spec=lambda **options: {'backend': 'sqlite', 'database': str(root / 'shared.db'), **options},
         count_media_blobs=count_media_blobs,
+        count_stored_messages=count_stored_messages,
     )
 
 
@@ -175,13 +182,17 @@ async def _postgres(request: pytest.FixtureRequest) -> AsyncIterator[BackendSess
         return store
 
     async def count_media_blobs() -> int:
-        return await _count_media_rows([server.url(database) for database in databases])
+        return await _count_rows([server.url(database) for database in databases], media)
+
+    async def count_stored_messages() -> int:
+        return await _count_rows([server.url(database) for database in databases], messages)
 
     try:
         yield BackendSession(
             make=make,
             spec=lambda **options: {'backend': shared, **options},
             count_media_blobs=count_media_blobs,
+            count_stored_messages=count_stored_messages,
         )
     finally:
         for store in stores:
