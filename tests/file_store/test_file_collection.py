@@ -16,6 +16,7 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
+from file_store.file_layout import messages_of
 from step_persistence import ContinuableSnapshot, FileStepStore, MediaCollection, RunRecord
 
 pytestmark = pytest.mark.anyio
@@ -53,10 +54,11 @@ async def test_other_stores_on_the_directory_read_and_write_after_a_rewrite(tmp_
     assert _dump(await other.latest_snapshot(run_id='r')) == _dump(
         ContinuableSnapshot(run_id='r', step_index=2, messages=_history(2))
     )
-    lines_before = (tmp_path / 'r' / 'messages.jsonl').read_bytes().count(b'\n')
+    messages = messages_of(tmp_path, 'r')
+    lines_before = messages.read_bytes().count(b'\n')
 
     assert await writer.collect_media(grace=timedelta(0)) == MediaCollection(messages=2, blobs=1)
-    assert (tmp_path / 'r' / 'messages.jsonl').read_bytes().count(b'\n') == lines_before - 2
+    assert messages.read_bytes().count(b'\n') == lines_before - 2
 
     await other.save_snapshot(ContinuableSnapshot(run_id='r', step_index=3, messages=_history(3)))
     expected = _dump(ContinuableSnapshot(run_id='r', step_index=3, messages=_history(3)))
@@ -66,10 +68,30 @@ async def test_other_stores_on_the_directory_read_and_write_after_a_rewrite(tmp_
     assert _dump(await writer.latest_snapshot(run_id='r')) == expected
 
 
-async def test_an_unreadable_retained_snapshot_keeps_every_line(tmp_path: Path) -> None:
+async def test_views_come_from_the_journal_so_a_damaged_snapshot_file_loses_nothing(tmp_path: Path) -> None:
     store = FileStepStore(tmp_path, max_snapshots_per_run=1, fsync=False)
     await store.register_run(RunRecord(run_id='r'))
     for step in (1, 2):
         await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=step, messages=_history(step)))
-    (tmp_path / 'r' / 'snapshots' / '2.json').write_text('{broken')
+    snapshot_file = tmp_path / 'r' / 'snapshots' / '2.json'
+    written = snapshot_file.read_bytes()
+    snapshot_file.write_text('{broken')
+    assert (await store.collect_media(grace=timedelta(0))).messages == 2  # snapshot 1's own rows
+    snapshot_file.write_bytes(written)
+    expected = _dump(ContinuableSnapshot(run_id='r', step_index=2, messages=_history(2)))
+    assert _dump(await FileStepStore(tmp_path).latest_snapshot(run_id='r')) == expected
+
+
+async def test_a_line_whose_user_cannot_be_read_is_left_as_it_is(tmp_path: Path) -> None:
+    store = FileStepStore(tmp_path, max_snapshots_per_run=1, fsync=False)
+    await store.register_run(RunRecord(run_id='r'))
+    for step in (1, 2):
+        await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=step, messages=_history(step)))
+    journal = tmp_path / 'r' / 'snapshots.jsonl'
+    outside = tmp_path / 'outside.jsonl'
+    journal.rename(outside)
+    journal.symlink_to(outside)
+    lines = list((tmp_path / '@lines').iterdir())
+    contents = [(line / 'messages.jsonl').read_bytes() for line in lines]
     assert (await store.collect_media(grace=timedelta(0))).messages == 0
+    assert [(line / 'messages.jsonl').read_bytes() for line in lines] == contents

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from file_store.file_layout import line_of, message_lines, messages_of
 from step_persistence import ContinuableSnapshot, FileStepStore, RunRecord, StepEvent, ToolEffectRecord
 from step_persistence.testing.conformance import sample_history
 
@@ -49,13 +50,9 @@ async def store(tmp_path: Path) -> FileStepStore:
     return store
 
 
-def message_lines(tmp_path: Path, run_id: str = 'run') -> list[bytes]:
-    return (tmp_path / run_id / 'messages.jsonl').read_bytes().splitlines()
-
-
 def rewrite_message_line(tmp_path: Path, number: int, old: bytes, new: bytes, run_id: str = 'run') -> None:
-    """Replace `old` by `new` in the line of message `number` (exactly once)."""
-    path = tmp_path / run_id / 'messages.jsonl'
+    """Replace `old` by `new` in the line of message `number` of the run's line (exactly once)."""
+    path = messages_of(tmp_path, run_id)
     lines = path.read_bytes().splitlines()
     assert lines[number - 1].count(old) == 1
     lines[number - 1] = lines[number - 1].replace(old, new)
@@ -102,7 +99,7 @@ async def test_a_save_after_a_message_was_altered_writes_it_again(
     else:
         await store.list_snapshots(run_id='run')
     await store.save_snapshot(snapshot(2))
-    assert len(message_lines(tmp_path)) == 6
+    assert len(message_lines(tmp_path, 'run')) == 6
     latest = await FileStepStore(tmp_path).latest_snapshot(run_id='run')
     assert latest is not None and latest.seq == 3 and dump(latest) == dump(snapshot(2))
 
@@ -120,7 +117,7 @@ async def test_untouched_messages_still_read_back_and_new_saves_work(store: File
     """The check accepts every line the store wrote, inline and externalized, after compaction too."""
     for step in (1, 2, 3):
         await store.save_snapshot(snapshot(step))
-    externalized = [json.loads(line)['externalized'] for line in message_lines(tmp_path)]
+    externalized = [json.loads(line)['externalized'] for line in message_lines(tmp_path, 'run')]
     assert True in externalized and False in externalized
     reader = FileStepStore(tmp_path)
     assert [dump(item) for item in await reader.list_snapshots(run_id='run')] == [
@@ -170,7 +167,7 @@ async def test_a_message_line_claiming_an_impossible_position_is_skipped(
     """Trusting the line would make every read allocate a list as long as the claimed position."""
     await store.save_snapshot(snapshot(1))
     await store.save_snapshot(snapshot(2))
-    with (tmp_path / 'run' / 'messages.jsonl').open('ab') as file:
+    with messages_of(tmp_path, 'run').open('ab') as file:
         file.write(planted_message_line(no, pos))
     for reader in (FileStepStore(tmp_path), store):
         caplog.clear()
@@ -263,15 +260,27 @@ def plant_link(link: Path, outside: Path) -> None:
 LINKABLE = [
     'run/events.jsonl',
     'run/tool_effects.jsonl',
-    'run/messages.jsonl',
     'run/snapshots.jsonl',
     'run/run.lock',
     'run/run.json',
     'run/snapshots',
     'run',
+    'LINE/messages.jsonl',
+    'LINE/line.lock',
+    'LINE/line.json',
+    'LINE/users',
+    'LINE',
+    '@lines',
     '@media',
     '@tmp',
 ]
+"""Paths below a store with one run; `LINE` stands for the directory of the run's history line."""
+
+
+def resolve(root: Path, name: str) -> Path:
+    """The path `name` (from `LINKABLE`) stands for in the store at `root`."""
+    line = line_of(root, 'run').relative_to(root)
+    return root / name.replace('LINE', str(line))
 
 
 async def linked_store(tmp_path: Path, name: str) -> tuple[FileStepStore, Path]:
@@ -285,7 +294,7 @@ async def linked_store(tmp_path: Path, name: str) -> tuple[FileStepStore, Path]:
     (root / '@tmp').mkdir(exist_ok=True)
     outside = tmp_path / 'outside'
     outside.mkdir()
-    plant_link(root / name, outside)
+    plant_link(resolve(root, name), outside)
     return store, outside
 
 
@@ -311,7 +320,7 @@ async def test_writes_never_follow_a_symbolic_link_planted_in_the_store(tmp_path
     assert tree_of(outside) == before, 'deleting the run changed something outside the store'
 
 
-@pytest.mark.parametrize('name', [name for name in LINKABLE if name.startswith('run')])
+@pytest.mark.parametrize('name', [name for name in LINKABLE if name.startswith(('run', 'LINE'))])
 async def test_reads_never_return_what_a_symbolic_link_points_to(
     tmp_path: Path, caplog: pytest.LogCaptureFixture, name: str
 ) -> None:
@@ -324,8 +333,8 @@ async def test_reads_never_return_what_a_symbolic_link_points_to(
     await decoy.record_tool_effect(effect('t99'))
     for step in (1, 2, 3):
         await decoy.save_snapshot(snapshot(step))
-    target = outside / Path(name).name
-    source = decoy.directory / 'run' / Path(name).relative_to('run')
+    target = outside / resolve(store.directory, name).name
+    source = resolve(decoy.directory, name)
     if target.is_dir():
         shutil.rmtree(target)
         shutil.copytree(source, target)

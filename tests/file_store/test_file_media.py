@@ -1,4 +1,4 @@
-"""Large payloads of the file store: blobs in `<directory>/@media`, markers in `messages.jsonl`."""
+"""Large payloads of the file store: blobs in `<directory>/@media`, markers in the lines' `messages.jsonl`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import anyio
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
 
+from file_store import file_layout
 from step_persistence import ContinuableSnapshot, FileStepStore, RunRecord
 from step_persistence.media import DiskMediaStore, media_uri_for
 from step_persistence.media.walker import MARKER_KEY
@@ -44,8 +45,7 @@ def blob_files(store: FileStepStore) -> list[Path]:
 
 
 def message_lines(store: FileStepStore, run_id: str = 'r') -> list[dict[str, Any]]:
-    lines = (store.directory / run_id / 'messages.jsonl').read_text().splitlines()
-    return [json.loads(line) for line in lines]
+    return [json.loads(line) for line in file_layout.message_lines(store.directory, run_id)]
 
 
 async def test_payloads_go_to_the_media_directory_once_and_come_back_exactly(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from file_store.file_layout import messages_of
 from step_persistence import ContinuableSnapshot, FileStepStore, RunRecord, StepEvent, ToolEffectRecord
 from step_persistence.testing.conformance import sample_history
 
@@ -101,7 +102,7 @@ async def test_a_torn_snapshot_journal_line_uncommits_that_snapshot(
 
 async def test_a_torn_message_line_does_not_break_later_snapshots(store: FileStepStore, tmp_path: Path) -> None:
     await store.save_snapshot(snapshot(1))
-    messages = tmp_path / 'run' / 'messages.jsonl'
+    messages = messages_of(tmp_path, 'run')
     with messages.open('ab') as file:
         file.write(b'{"no":4,"digest":"abc","message":{"parts":[{"con')  # a save that crashed mid-append
     await store.save_snapshot(snapshot(2))
@@ -170,7 +171,7 @@ async def test_a_snapshot_whose_messages_are_damaged_is_skipped(
 ) -> None:
     await store.save_snapshot(snapshot(1))
     await store.save_snapshot(snapshot(2))
-    messages = tmp_path / 'run' / 'messages.jsonl'
+    messages = messages_of(tmp_path, 'run')
     damaged = lines(messages)
     damaged[4] = damaged[4].replace('"parts"', '"pieces"')  # message 5 belongs to snapshot 2 only
     messages.write_text('\n'.join(damaged))

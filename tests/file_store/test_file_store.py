@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from pydantic_ai.messages import ModelMessagesTypeAdapter
 
+from file_store.file_layout import line_of, stored_message_lines
 from step_persistence import (
     ContinuableSnapshot,
     FileStepStore,
@@ -59,7 +60,6 @@ async def test_a_run_is_a_directory_of_readable_json_files(tmp_path: Path) -> No
     run_dir = tmp_path / 'run-1'
     assert sorted(path.name for path in run_dir.iterdir()) == [
         'events.jsonl',
-        'messages.jsonl',
         'run.json',
         'run.lock',
         'snapshots',
@@ -85,11 +85,28 @@ async def test_a_run_is_a_directory_of_readable_json_files(tmp_path: Path) -> No
         'interrupted',
         'snap-2',
     )
-    assert (second['history']['length'], second['history']['through_message']) == (5, 5)
+    [line_dir] = (tmp_path / '@lines').iterdir()
+    assert second['history'] == {
+        'line': line_dir.name,
+        'length': 5,
+        'through_message': 5,
+        'digest': snapshot('run-1', 2).history_digest(),
+    }
     journal = [json.loads(line) for line in (run_dir / 'snapshots.jsonl').read_text().splitlines()]
     assert [(line['seq'], line['state']) for line in journal] == [(1, 'complete'), (2, 'interrupted')]
+    assert journal[1]['view'] == second['history'], 'the journal names the view too'
 
-    messages = (run_dir / 'messages.jsonl').read_text().splitlines()
+    assert sorted(path.name for path in line_dir.iterdir()) == [
+        'children',
+        'line.json',
+        'line.lock',
+        'messages.jsonl',
+        'users',
+    ]
+    assert json.loads((line_dir / 'line.json').read_text()) == {'base': None}
+    [user] = (line_dir / 'users').iterdir()
+    assert user.name == f'run-1.{(run_dir / "run.lock").read_text()}'
+    messages = (line_dir / 'messages.jsonl').read_text().splitlines()
     assert [(json.loads(line)['no'], json.loads(line)['pos']) for line in messages] == [(n, n - 1) for n in range(1, 6)]
     assert sum('start run-1 ✓' in line for line in messages) == 1, 'a message shared by snapshots is stored once'
 
@@ -100,8 +117,7 @@ async def test_snapshots_store_only_new_messages(tmp_path: Path) -> None:
     history = sample_history(3, tag='grow')
     for length in range(1, len(history) + 1):
         await store.save_snapshot(ContinuableSnapshot(run_id='grow', step_index=length, messages=history[:length]))
-    lines = (tmp_path / 'grow' / 'messages.jsonl').read_text().splitlines()
-    assert len(lines) == len(history)
+    assert stored_message_lines(tmp_path) == len(history)
     snapshots = await store.list_snapshots(run_id='grow')
     assert [len(saved.messages) for saved in snapshots] == list(range(1, len(history) + 1))
     assert ModelMessagesTypeAdapter.dump_json(snapshots[-1].messages) == ModelMessagesTypeAdapter.dump_json(history)
@@ -206,8 +222,10 @@ async def test_deleting_a_run_removes_its_directory_only(tmp_path: Path) -> None
     for run_id in ('gone', 'kept'):
         await store.register_run(RunRecord(run_id=run_id))
         await store.save_snapshot(snapshot(run_id, 1))
+    kept_line = line_of(tmp_path, 'kept')
     await store.delete_run(run_id='gone')
-    assert sorted(os.listdir(tmp_path)) == ['@media', '@tmp', 'kept']
+    assert sorted(os.listdir(tmp_path)) == ['@lines', '@media', '@tmp', 'kept']
+    assert os.listdir(tmp_path / '@lines') == [kept_line.name], 'the line only the deleted run used is gone'
     assert os.listdir(tmp_path / '@tmp') == []
     assert (store.media_directory / 'blob.bin').read_bytes() == b'shared'
 
@@ -306,17 +324,23 @@ async def test_fsync_makes_files_and_directory_entries_durable(tmp_path: Path, m
     root = tmp_path / 'durable'
     await exercise(FileStepStore(root), 'run')
     run_dir = root / 'run'
+    line_dir = line_of(root, 'run')
     expected = {
         'the store directory (run entry)': root,
         'the run directory': run_dir,
         'run.json': run_dir / 'run.json',
         'run.lock': run_dir / 'run.lock',
         'events.jsonl': run_dir / 'events.jsonl',
-        'messages.jsonl': run_dir / 'messages.jsonl',
         'snapshots.jsonl': run_dir / 'snapshots.jsonl',
         'tool_effects.jsonl': run_dir / 'tool_effects.jsonl',
         'the snapshot file': run_dir / 'snapshots' / '1.json',
         'the snapshots directory (snapshot entry)': run_dir / 'snapshots',
+        'the lines directory (line entry)': root / '@lines',
+        'the line directory': line_dir,
+        'line.json': line_dir / 'line.json',
+        'line.lock': line_dir / 'line.lock',
+        'the line messages.jsonl': line_dir / 'messages.jsonl',
+        'the users directory (user entry)': line_dir / 'users',
     }
     missing = [what for what, path in expected.items() if identity(path) not in synced]
     assert missing == []

@@ -1,6 +1,6 @@
 """The JSON spelling of records in the file store's files.
 
-Single-object files (`run.json`, `snapshots/<seq>.json`) are indented; log files hold one compact
+Single-object files (`run.json`, `snapshots/<seq>.json`, `line.json`) are indented; log files hold one compact
 JSON object per line (events and tool effects as their models dump them). Timestamps are ISO-8601
 in UTC (`...Z`). Everything read back is validated by the record models, so an unknown `kind`,
 `state` or `status` raises `ValueError`.
@@ -9,6 +9,7 @@ in UTC (`...Z`). Everything read back is validated by the record models, so an u
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,14 +17,22 @@ from pydantic import BaseModel, ConfigDict, StrictInt
 
 from step_persistence.records import SNAPSHOT_STATES, ContinuableSnapshot, RunRecord, SnapshotState
 from step_persistence.retention import validate_max_snapshots
+from step_persistence.stores._positions import LineBase
+from step_persistence.stores.file._layout import require_line_id
 
 __all__ = [
-    'HistoryRef',
+    'LegacyHistory',
+    'LineView',
     'SnapshotEntry',
+    'SnapshotHistory',
+    'dump_conversation_file',
+    'dump_line_file',
     'dump_run_file',
     'dump_snapshot_file',
     'dump_snapshot_journal_line',
     'json_object',
+    'load_conversation_file',
+    'load_line_file',
     'load_run_file',
     'load_snapshot_file',
     'load_snapshot_journal_line',
@@ -69,26 +78,56 @@ def natural_number(value: object, what: str) -> int:
 
 
 @dataclass(frozen=True)
-class HistoryRef:
-    """Which stored messages make up a snapshot's history, in O(1) space.
+class LineView:
+    """A snapshot's history as a view of a history line (see `step_persistence.stores._positions`).
 
-    Message `i` of the history is the last line of `messages.jsonl` for position `i` whose number
-    is at most `through_message`. `checksum` covers the digests of the chosen messages and their
-    positions, so a damaged or missing line makes the snapshot unreadable instead of silently
-    different.
+    Message `i` is the newest row of `line` at position `i` numbered at most `through`, or, for a
+    position without one below the line's base length, the message at `i` of the base's view.
+    `digest` is the history's `history_digest`: by it a kept history is found (`find_snapshot`),
+    and the messages a read assembles are checked against it, so a damaged or missing message
+    line makes the snapshot unreadable instead of silently different.
+    """
+
+    line: str
+    length: int
+    through: int
+    digest: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {'line': self.line, 'length': self.length, 'through_message': self.through, 'digest': self.digest}
+
+    @classmethod
+    def from_json(cls, value: object) -> LineView:
+        if not isinstance(value, dict):
+            raise ValueError(f'a snapshot view must be a JSON object, got {value!r}')
+        digest = value.get('digest')
+        if not isinstance(digest, str) or not _DIGEST.fullmatch(digest):
+            raise ValueError(f'a snapshot view needs a history digest, got {digest!r}')
+        return cls(
+            line=require_line_id(value.get('line')),
+            length=natural_number(value.get('length'), 'history length'),
+            through=natural_number(value.get('through_message'), 'history through_message'),
+            digest=digest,
+        )
+
+
+_DIGEST = re.compile(r'[0-9a-f]{64}')
+
+
+@dataclass(frozen=True)
+class LegacyHistory:
+    """The history of a snapshot written before history lines: a view of its run's own `messages.jsonl`.
+
+    Message `i` is the last line for position `i` numbered at most `through_message`; `checksum`
+    (`history_checksum`) covers the chosen messages' positions and digests.
     """
 
     length: int
     through_message: int
     checksum: str
 
-    def to_json(self) -> dict[str, Any]:
-        return {'length': self.length, 'through_message': self.through_message, 'checksum': self.checksum}
-
     @classmethod
-    def from_json(cls, value: object) -> HistoryRef:
-        if not isinstance(value, dict):
-            raise ValueError(f'a snapshot history reference must be a JSON object, got {value!r}')
+    def from_json(cls, value: dict[str, Any]) -> LegacyHistory:
         checksum = value.get('checksum')
         if not isinstance(checksum, str):
             raise ValueError(f'a snapshot history reference needs a checksum string, got {checksum!r}')
@@ -99,16 +138,25 @@ class HistoryRef:
         )
 
 
-def dump_snapshot_file(snapshot: ContinuableSnapshot, seq: int, history: HistoryRef) -> bytes:
-    """`snapshots/<seq>.json`: the snapshot's fields, with a reference to its stored messages."""
+SnapshotHistory = LineView | LegacyHistory
+
+
+def _history_from_json(value: object) -> SnapshotHistory:
+    if not isinstance(value, dict):
+        raise ValueError(f'a snapshot history reference must be a JSON object, got {value!r}')
+    return LineView.from_json(value) if 'line' in value else LegacyHistory.from_json(value)
+
+
+def dump_snapshot_file(snapshot: ContinuableSnapshot, seq: int, view: LineView) -> bytes:
+    """`snapshots/<seq>.json`: the snapshot's fields, with the view of its stored messages."""
     header = snapshot.model_dump(mode='json', exclude={'messages', 'seq'})
-    return _indented({'seq': seq, **header, 'history': history.to_json()})
+    return _indented({'seq': seq, **header, 'history': view.to_json()})
 
 
-def load_snapshot_file(data: bytes) -> tuple[ContinuableSnapshot, HistoryRef]:
-    """The snapshot (with no messages yet) and the reference to its messages."""
+def load_snapshot_file(data: bytes) -> tuple[ContinuableSnapshot, SnapshotHistory]:
+    """The snapshot (with no messages yet) and where its messages are."""
     value = json_object(data, 'snapshot file')
-    history = HistoryRef.from_json(value.pop('history', None))
+    history = _history_from_json(value.pop('history', None))
     return ContinuableSnapshot.model_validate({**value, 'messages': []}), history
 
 
@@ -121,14 +169,17 @@ class SnapshotEntry:
     idempotency_key: str | None
     retain: int | None
     """The `max_snapshots_per_run` of the store that wrote the line: the retention applied after it."""
+    view: LineView | None
+    """The snapshot's view (`None`: a snapshot written before history lines, in its run's own messages)."""
 
 
-def dump_snapshot_journal_line(snapshot: ContinuableSnapshot, seq: int, retain: int | None) -> bytes:
-    """The `snapshots.jsonl` line committing snapshot `seq` (step and time included for readers), and
-    the retention its writer applied (`retain`, left out when the writer kept every snapshot)."""
+def dump_snapshot_journal_line(snapshot: ContinuableSnapshot, seq: int, retain: int | None, view: LineView) -> bytes:
+    """The `snapshots.jsonl` line committing snapshot `seq` (step and time included for readers), the
+    retention its writer applied (`retain`, left out when the writer kept every snapshot) and its
+    view (what reclaiming and `find_snapshot` read, without the snapshot's file)."""
     fields = snapshot.model_dump(mode='json', include={'state', 'step_index', 'timestamp', 'idempotency_key'})
     line = {'seq': seq, **fields} if retain is None else {'seq': seq, **fields, 'retain': retain}
-    return json.dumps(line, ensure_ascii=False).encode()
+    return json.dumps({**line, 'view': view.to_json()}, ensure_ascii=False).encode()
 
 
 def load_snapshot_journal_line(line: bytes) -> SnapshotEntry:
@@ -142,4 +193,40 @@ def load_snapshot_journal_line(line: bytes) -> SnapshotEntry:
         raise ValueError(f'snapshot journal line has an unknown state {state!r}')
     if key is not None and not isinstance(key, str):
         raise ValueError(f'snapshot journal line has a non-string idempotency_key {key!r}')
-    return SnapshotEntry(seq=seq, state=state, idempotency_key=key, retain=retain)
+    view = LineView.from_json(value['view']) if 'view' in value else None
+    return SnapshotEntry(seq=seq, state=state, idempotency_key=key, retain=retain, view=view)
+
+
+def dump_line_file(base: LineBase | None) -> bytes:
+    """`line.json`: the view a line branches from (`null`: it starts empty)."""
+    value = None if base is None else {'line': base.line, 'length': base.length, 'through_message': base.through}
+    return _indented({'base': value})
+
+
+def load_line_file(data: bytes) -> LineBase | None:
+    """The base a `line.json` names; `ValueError` for anything malformed."""
+    value = json_object(data, 'line file')
+    if 'base' not in value:
+        raise ValueError('line file has no base')
+    base = value['base']
+    if base is None:
+        return None
+    if not isinstance(base, dict):
+        raise ValueError(f'a line base must be a JSON object or null, got {base!r}')
+    return LineBase(
+        line=require_line_id(base.get('line')),
+        length=natural_number(base.get('length'), 'base length'),
+        through=natural_number(base.get('through_message'), 'base through_message'),
+    )
+
+
+def dump_conversation_file(conversation_id: str) -> bytes:
+    """`conversation.json`: the id a conversation's directory (named by its hash) stands for."""
+    return _indented({'conversation_id': conversation_id})
+
+
+def load_conversation_file(data: bytes) -> str:
+    value = json_object(data, 'conversation file').get('conversation_id')
+    if not isinstance(value, str):
+        raise ValueError(f'conversation file has no conversation_id string: {value!r}')
+    return value

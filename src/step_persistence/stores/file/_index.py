@@ -1,7 +1,7 @@
 """What a process knows about each run's files, kept up to date incrementally.
 
-Idempotency keys, stored message versions, snapshot sequence numbers and tool-effect records are
-derived from the run's `.jsonl` files. A process builds them the first time it touches a run (one
+Idempotency keys, retained snapshots with their views, sequence numbers and tool-effect records
+are derived from the run's `.jsonl` files. A process builds them the first time it touches a run (one
 full read), then only reads what was appended since, so an append costs the same on the first
 step and the ten-thousandth.
 """
@@ -9,16 +9,24 @@ step and the ten-thousandth.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 
-from step_persistence.records import SnapshotState, ToolEffectRecord
+from step_persistence.records import RunRecord, SnapshotState, ToolEffectRecord
 from step_persistence.retention import retained_seqs
-from step_persistence.stores.file._codec import SnapshotEntry, json_object, load_snapshot_journal_line
-from step_persistence.stores.file._io import FileIo, Span
+from step_persistence.stores._positions import RunHead
+from step_persistence.stores.file._codec import (
+    LineView,
+    SnapshotEntry,
+    json_object,
+    load_run_file,
+    load_snapshot_journal_line,
+)
+from step_persistence.stores.file._io import FileIo, Span, real_directory
 from step_persistence.stores.file._journal import Journal
 from step_persistence.stores.file._layout import RunPaths
 from step_persistence.stores.file._message_journal import MessageJournal
 
-__all__ = ['EffectJournal', 'EventJournal', 'RunIndex', 'SnapshotJournal']
+__all__ = ['EffectJournal', 'EventJournal', 'RunIndex', 'SnapshotJournal', 'read_snapshot_journal']
 
 
 class EventJournal(Journal[str | None]):
@@ -52,6 +60,8 @@ class SnapshotJournal(Journal[SnapshotEntry]):
         self.keys: set[str] = set()
         self.retained: list[tuple[int, SnapshotState]] = []
         """`(seq, state)` of the snapshots retention keeps, ascending."""
+        self.entries: dict[int, SnapshotEntry] = {}
+        """The journal line of each retained snapshot, by seq."""
         self.next_seq = 1
         self.pruned: list[int] = []
         """Seqs that retention dropped since the last catch-up (their files are to be deleted)."""
@@ -63,6 +73,7 @@ class SnapshotJournal(Journal[SnapshotEntry]):
         if entry.idempotency_key is not None:
             self.keys.add(entry.idempotency_key)
         self.next_seq = max(self.next_seq, entry.seq + 1)
+        self.entries[entry.seq] = entry
         if self.retained and entry.seq <= self.retained[-1][0]:
             self.retained = sorted({*self.retained, (entry.seq, entry.state)})
         else:
@@ -71,10 +82,32 @@ class SnapshotJournal(Journal[SnapshotEntry]):
             keep = retained_seqs(self.retained, entry.retain)
             self.pruned.extend(seq for seq, _ in self.retained if seq not in keep)
             self.retained = [(seq, state) for seq, state in self.retained if seq in keep]
+            self.entries = {seq: self.entries[seq] for seq, _ in self.retained}
 
     def catch_up(self, io: FileIo) -> None:
         self.pruned.clear()
         super().catch_up(io)
+
+    @property
+    def newest(self) -> SnapshotEntry | None:
+        """The newest retained snapshot (any state): the view the run's next save builds on."""
+        return self.entries[self.retained[-1][0]] if self.retained else None
+
+    def views(self) -> Iterator[LineView]:
+        """The views of the retained snapshots (those written before lines have none)."""
+        return (entry.view for entry in self.entries.values() if entry.view is not None)
+
+
+def read_snapshot_journal(io: FileIo, paths: RunPaths) -> SnapshotJournal | None:
+    """Another run's `snapshots.jsonl`, read whole without its lock (it is only ever appended to);
+    `None` if the run has none (deleted). `UnsafePath` if the run's directory or journal is a link."""
+    journal = SnapshotJournal(paths.snapshot_journal, locked=False)
+    try:
+        real_directory(paths.directory)
+        journal.catch_up(io)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return journal
 
 
 class EffectJournal(Journal[ToolEffectRecord]):
@@ -106,9 +139,14 @@ class RunIndex:
 
     def _start_over(self) -> None:
         self.events = EventJournal(self.paths.events)
-        self.messages = MessageJournal(self.paths.messages)
         self.snapshots = SnapshotJournal(self.paths.snapshot_journal)
         self.effects = EffectJournal(self.paths.tool_effects)
+        self.legacy_messages = MessageJournal(self.paths.legacy_messages)
+        """The run's own `messages.jsonl`, for snapshots written before history lines."""
+        self.head: RunHead | None = None
+        """The view this process's last save of the run wrote, with its digests (see `_saves`)."""
+        self.head_epoch = 0
+        self._record: tuple[RunRecord, int] | None = None
 
     def adopt(self, incarnation: str) -> None:
         """Start over if the run on disk is not the one this index was built from."""
@@ -116,3 +154,17 @@ class RunIndex:
             self.incarnation = incarnation
             self.verified = False
             self._start_over()
+
+    def record(self, io: FileIo) -> tuple[RunRecord, int]:
+        """The run's record and registration stamp (`run.json` is written once per incarnation)."""
+        if self._record is None:
+            self._record = load_run_file(io.read_all(self.paths.run_file))
+        return self._record
+
+    def catch_up_legacy(self, io: FileIo) -> MessageJournal:
+        """The run's own `messages.jsonl`, caught up; `ValueError` if the run has none."""
+        try:
+            self.legacy_messages.catch_up(io)
+        except FileNotFoundError:
+            raise ValueError(f'{self.paths.legacy_messages} is missing') from None
+        return self.legacy_messages

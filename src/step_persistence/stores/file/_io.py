@@ -58,6 +58,9 @@ class IoCounters:
 
     bytes_read: int = 0
     bytes_written: int = 0
+    files_read: int = 0
+    """Reads of a file (each opens it once, whatever the number of bytes)."""
+    directories_listed: int = 0
 
 
 class FileIo:
@@ -68,10 +71,12 @@ class FileIo:
         self.counters = IoCounters()
         self._counting = threading.Lock()
 
-    def _count(self, *, read: int = 0, written: int = 0) -> None:
+    def _count(self, *, read: int = 0, written: int = 0, files: int = 0, directories: int = 0) -> None:
         with self._counting:
             self.counters.bytes_read += read
             self.counters.bytes_written += written
+            self.counters.files_read += files
+            self.counters.directories_listed += directories
 
     def read_all(self, path: str | Path) -> bytes:
         """The whole content of `path`."""
@@ -80,6 +85,7 @@ class FileIo:
     def read_from(self, path: str | Path, offset: int) -> tuple[int, bytes]:
         """`(size of the file, its bytes from offset to the end)`; nothing is read when offset >= size."""
         fd = open_unlinked(path, os.O_RDONLY)
+        self._count(files=1)
         try:
             size = os.fstat(fd).st_size
             data = self._pread(fd, size - offset, offset) if size > offset else b''
@@ -89,6 +95,7 @@ class FileIo:
 
     def read_fd(self, fd: int, length: int) -> bytes:
         """Up to `length` bytes from the start of an open file."""
+        self._count(files=1)
         return self._pread(fd, length, 0)
 
     def read_spans(self, path: Path, spans: Sequence[Span]) -> list[bytes]:
@@ -100,7 +107,10 @@ class FileIo:
             else:
                 stretches.append([span])
         found: dict[Span, bytes] = {}
+        if not stretches:
+            return []
         fd = open_unlinked(path, os.O_RDONLY)
+        self._count(files=1)
         try:
             for stretch in stretches:
                 first = stretch[0][0]
@@ -123,6 +133,16 @@ class FileIo:
         data = b''.join(parts)
         self._count(read=len(data))
         return data
+
+    def list_directory(self, path: Path) -> list[str]:
+        """The names in directory `path` (`[]` if it does not exist); `UnsafePath` if it is a symbolic link."""
+        try:
+            real_directory(path)
+            names = os.listdir(path)
+        except FileNotFoundError:
+            return []
+        self._count(directories=1)
+        return names
 
     def append(self, path: Path, data: bytes) -> None:
         """Append `data` to an existing file with one `O_APPEND` write (looping only on a short write)."""

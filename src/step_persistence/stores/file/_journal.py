@@ -25,17 +25,18 @@ __all__ = ['Journal', 'read_lines']
 EntryT = TypeVar('EntryT')
 
 
-def read_lines(path: Path, data: bytes, *, base: int = 0) -> list[tuple[Span, bytes]]:
+def read_lines(path: Path, data: bytes, *, base: int = 0, log_torn: bool = True) -> list[tuple[Span, bytes]]:
     """The complete lines of `data` (read from `path` at offset `base`) with their spans.
 
-    A torn final line is left out and logged.
+    A torn final line is left out (and logged, unless `log_torn` is false: a reader without the
+    file's lock may see an append in progress).
     """
     lines: list[tuple[Span, bytes]] = []
     start = 0
     while (newline := data.find(b'\n', start)) != -1:
         lines.append(((base + start, newline - start), data[start:newline]))
         start = newline + 1
-    if start < len(data):
+    if start < len(data) and log_torn:
         logger.warning(
             'ignoring torn final line of %s at byte %d (%d bytes; an interrupted append)',
             path,
@@ -48,8 +49,10 @@ def read_lines(path: Path, data: bytes, *, base: int = 0) -> list[tuple[Span, by
 class Journal(ABC, Generic[EntryT]):
     """What this process has read of one `.jsonl` file, plus the state derived from its lines."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, locked: bool = True) -> None:
         self.path = path
+        self.locked = locked
+        """Whether the file is read under its lock (else a torn final line may be an append in progress)."""
         self.run_id = path.parent.name
         """The run whose file this is (its directory's name): a line naming another run is damaged."""
         self.offset = 0
@@ -89,7 +92,7 @@ class Journal(ABC, Generic[EntryT]):
         elif anchored:
             data = data[1:]
         self.size = size
-        for span, line in read_lines(self.path, data, base=self.offset):
+        for span, line in read_lines(self.path, data, base=self.offset, log_torn=self.locked):
             entry = read_or_skip(f'line at byte {span[0]} of {self.path}', partial(self.parse, line))
             if entry is not None:
                 self.apply(entry, span)

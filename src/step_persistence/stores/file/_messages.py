@@ -59,6 +59,11 @@ _MESSAGE_FIELD = b'"message":'
 class DamagedMessage(ValueError):
     """A message line whose bytes do not match its digest: damaged or edited after it was written."""
 
+    def __init__(self, message: str, *, number: int) -> None:
+        super().__init__(message)
+        self.number = number
+        """The row's number: it is still taken (a later row must not be given it)."""
+
 
 def _checked(value: dict[str, Any], line: bytes, number: int, digest: str) -> tuple[Any, bool]:
     """The message tree and `externalized` flag of a parsed line, after checking its bytes as written."""
@@ -71,7 +76,8 @@ def _checked(value: dict[str, Any], line: bytes, number: int, digest: str) -> tu
     if not isinstance(expected, str) or hashlib.sha256(written).hexdigest() != expected:
         raise DamagedMessage(
             f'message {number} does not match its digest (a damaged or edited messages.jsonl line); '
-            'the snapshots that use it are unreadable'
+            'the snapshots that use it are unreadable',
+            number=number,
         )
     return value['message'], externalized
 

@@ -20,7 +20,7 @@ import anyio.from_thread
 from step_persistence import lifecycle
 from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
-from step_persistence._history import EncodedMessage, decode_messages
+from step_persistence._history import EncodedMessage, decode_messages, history_digest
 from step_persistence._reading import logger, read_each, read_or_skip
 from step_persistence.media.disk import DiskMediaStore
 from step_persistence.media.protocol import MediaStore
@@ -28,7 +28,9 @@ from step_persistence.protocol import write_each
 from step_persistence.reclaiming import MediaCollection
 from step_persistence.records import (
     ContinuableSnapshot,
+    ConversationSummary,
     RunRecord,
+    SnapshotRef,
     SnapshotState,
     StepEvent,
     StepWrites,
@@ -37,10 +39,13 @@ from step_persistence.records import (
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._idempotency import first_per_key
+from step_persistence.stores._listing import RunFilter
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.file import reclaiming as file_reclaiming
 from step_persistence.stores.file._codec import (
+    LegacyHistory,
+    LineView,
     SnapshotEntry,
     dump_run_file,
     dump_snapshot_file,
@@ -48,6 +53,7 @@ from step_persistence.stores.file._codec import (
     load_run_file,
     load_snapshot_file,
 )
+from step_persistence.stores.file._conversations import ConversationIndex
 from step_persistence.stores.file._index import RunIndex
 from step_persistence.stores.file._io import FileIo, IoCounters, real_directory
 from step_persistence.stores.file._journal import read_lines
@@ -55,14 +61,19 @@ from step_persistence.stores.file._layout import (
     MEDIA_DIRECTORY_NAME,
     RUN_FILE_NAME,
     WORK_DIRECTORY_NAME,
+    Entry,
     RunPaths,
     is_run_directory_name,
     run_paths,
 )
+from step_persistence.stores.file._lines import Lines
 from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
 from step_persistence.stores.file._message_journal import MessageVersion
 from step_persistence.stores.file._messages import DamagedMessage, stored_message
+from step_persistence.stores.file._origins import OriginClaims
+from step_persistence.stores.file._saves import HistorySaves
 from step_persistence.stores.file._sessions import RunSessions, foreign_run_message
+from step_persistence.stores.file._usage import LineUsage
 
 __all__ = ['FileStepStore']
 
@@ -78,6 +89,8 @@ def _of_run(run_id: str, what: str, record: _Record) -> _Record:
 
 INDEX_CACHE_CAPACITY = 256
 """How many runs' indexes a store keeps in memory; a run evicted from the cache is re-indexed on next use."""
+LINE_INDEX_CACHE_CAPACITY = 256
+"""How many history lines' indexes a store keeps in memory (likewise)."""
 
 WORKER_THREADS = 40
 """How many worker threads one store uses at once. They are counted apart from anyio's default pool:
@@ -110,9 +123,13 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     run, and symbolic links below `directory`, are never used as the run. Writers of one
     run are serialized by a lock file, so several threads and processes can share a directory on
     a local filesystem (POSIX only); calls on one run take effect in the order they were made.
-    A snapshot writes only the messages that changed since the run's last stored version and
-    refers to its history in constant space, so the bytes read and written by `append_event`,
-    `save_snapshot` and `record_tool_effect` do not grow with the run (`io_counters` counts them).
+    Histories are stored in history lines shared across runs: a run continuing a stored snapshot
+    (its `origin`, a chat's next turn) appends to that snapshot's line, so a conversation stores
+    each message once. A snapshot writes only the messages that changed since the view it builds
+    on and refers to its history in constant space, so the bytes read and written by
+    `append_event`, `save_snapshot` and `record_tool_effect` do not grow with the run or the
+    conversation (`io_counters` counts them). Listing a conversation's runs, conversations and
+    finding a snapshot by its history go through an index on disk, not through every run.
 
     `fsync=True` (the default) makes every write durable before the call returns, so a power
     loss cannot lose an acknowledged write; `fsync=False` keeps writes safe against a crash of
@@ -149,6 +166,11 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         self.fsync = fsync
         self._io = FileIo(fsync=fsync)
         self._runs = RunSessions(self.directory, self._io, threads=WORKER_THREADS, index_capacity=INDEX_CACHE_CAPACITY)
+        self._lines = Lines(self.directory, self._io, capacity=LINE_INDEX_CACHE_CAPACITY)
+        self._saves = HistorySaves(self._io, self._lines)
+        self._usage = LineUsage(self.directory, self._io, self._lines)
+        self._conversations = ConversationIndex(self.directory, self._io)
+        self._origins = OriginClaims(self.directory, self._io)
 
     @property
     def media_directory(self) -> Path:
@@ -192,24 +214,30 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         await self._runs.in_turn(record.run_id, partial(self._register_run, record))
 
     def _register_run(self, record: RunRecord) -> None:
+        """Stage the run's directory, claim its origin and index it, then rename it into place."""
         paths = run_paths(self.directory, record.run_id)
         staging = self._work_directory() / f'register-{secrets.token_hex(8)}'
         staging.mkdir()
         try:
             staged = RunPaths(staging)
-            self._io.create(staged.lock_file, new_incarnation().encode('ascii'))
-            self._io.create(staged.run_file, dump_run_file(record, _REGISTRATION_CLOCK.next()))
-            for journal in staged.journals:
-                self._io.create(journal, b'')
-            staged.snapshots.mkdir()
-            self._io.sync_directory(staging)
-            try:
-                os.rename(staging, paths.directory)
-            except OSError as error:
-                if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                    raise ValueError(f'run {record.run_id!r} is already registered') from None
-                raise
-            self._io.sync_directory(self.directory)
+            incarnation = new_incarnation()
+            registered_ns = _REGISTRATION_CLOCK.next()
+            with self._origins.claiming(record.origin, record.run_id, incarnation) as origin:
+                stored = record if origin == record.origin else record.model_copy(update={'origin': origin})
+                self._io.create(staged.lock_file, incarnation.encode('ascii'))
+                self._io.create(staged.run_file, dump_run_file(stored, registered_ns))
+                for journal in staged.journals:
+                    self._io.create(journal, b'')
+                staged.snapshots.mkdir()
+                self._io.sync_directory(staging)
+                with self._conversations.registering(stored, registered_ns, staged.run_file):
+                    try:
+                        os.rename(staging, paths.directory)
+                    except OSError as error:
+                        if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
+                            raise ValueError(f'run {record.run_id!r} is already registered') from None
+                        raise
+                    self._io.sync_directory(self.directory)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -243,20 +271,110 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return record, registered_ns
 
     async def list_runs(
-        self, *, parent_run_id: str | None = None, conversation_id: str | None = None
+        self,
+        *,
+        parent_run_id: str | None = None,
+        conversation_id: str | None = None,
+        agent_name: str | None = None,
+        origin_run_id: str | None = None,
+        limit: int | None = None,
+        newest_first: bool = False,
     ) -> list[RunRecord]:
-        """Matching runs, oldest first; a run whose `run.json` is unreadable is skipped and logged."""
-        require_text('parent_run_id', parent_run_id, optional=True)
-        require_text('conversation_id', conversation_id, optional=True)
-        loaded = await self._runs.in_thread(self._read_all_runs)
-        matching = [
-            (record, registered_ns)
-            for record, registered_ns in loaded
-            if (parent_run_id is None or record.parent_run_id == parent_run_id)
-            and (conversation_id is None or record.conversation_id == conversation_id)
-        ]
-        matching.sort(key=lambda item: (item[0].started_at, item[1], item[0].run_id))
-        return [record for record, _ in matching]
+        """Matching runs, oldest first; a run whose `run.json` is unreadable is skipped and logged.
+
+        With `conversation_id`, only the conversation's runs are read (newest first and `limit`:
+        only as many as are returned); otherwise every `run.json` is.
+        """
+        chosen = RunFilter(
+            parent_run_id=parent_run_id,
+            conversation_id=conversation_id,
+            agent_name=agent_name,
+            origin_run_id=origin_run_id,
+            limit=limit,
+            newest_first=newest_first,
+        )
+        if conversation_id is None:
+            return chosen.select(await self._runs.in_thread(self._read_all_runs))
+        return await self._runs.in_thread(partial(self._conversation_runs, chosen, conversation_id))
+
+    def _conversation_runs(self, chosen: RunFilter, conversation_id: str) -> list[RunRecord]:
+        """`list_runs` of one conversation, through its index: records read in order until `limit` match."""
+        self._conversations.ensure_indexed(self._read_all_runs)
+        entries = self._conversations.entries(conversation_id, chosen.agent_name)
+        if chosen.newest_first:
+            entries.reverse()
+        found: list[RunRecord] = []
+        for entry in entries:
+            record = self._indexed_run(entry, conversation_id)
+            if record is not None and chosen.matches(record):
+                found.append(record)
+                if len(found) == chosen.limit:
+                    break
+        return found
+
+    def _indexed_run(self, entry: Entry, conversation_id: str) -> RunRecord | None:
+        """The record an index entry stands for; `None` (or skipped and logged) when it is not that run any more."""
+        path = os.path.join(self.directory, entry.run_id, RUN_FILE_NAME)
+        loaded = read_or_skip(f'run file {path}', partial(self._read_run_file, entry.run_id, checked=False))
+        if loaded is None:
+            return None
+        record, registered_ns = loaded
+        current = registered_ns == entry.registered_ns and record.conversation_id == conversation_id
+        return record if current else None
+
+    async def list_conversations(
+        self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
+    ) -> list[ConversationSummary]:
+        """Conversations by their newest run, through the index: reads only the summaries returned."""
+        return await self._runs.in_thread(
+            partial(self._list_conversations, limit=limit, newest_first=newest_first, agent_name=agent_name)
+        )
+
+    def _list_conversations(
+        self, *, limit: object, newest_first: object, agent_name: object
+    ) -> list[ConversationSummary]:
+        self._conversations.ensure_indexed(self._read_all_runs)
+        return self._conversations.summaries(limit=limit, newest_first=newest_first, agent_name=agent_name)
+
+    async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
+        """The conversation's runs are looked at newest first, each through its snapshot journal (which
+        holds every retained snapshot's history digest), until one has the history."""
+        require_text('conversation_id', conversation_id)
+        require_text('history_digest', history_digest)
+        return await self._runs.in_thread(partial(self._find_snapshot, conversation_id, history_digest))
+
+    def _find_snapshot(self, conversation_id: str, digest: str) -> SnapshotRef | None:
+        self._conversations.ensure_indexed(self._read_all_runs)
+        for entry in reversed(self._conversations.entries(conversation_id, None)):
+            find = partial(self._find_in_run, entry, conversation_id, digest)
+            look = partial(self._runs.read, entry.run_id, find, None)
+            found = read_or_skip(f'snapshots of run {entry.run_id!r}', look)
+            if found is not None:
+                return found
+        return None
+
+    def _find_in_run(self, entry: Entry, conversation_id: str, digest: str, index: RunIndex) -> SnapshotRef | None:
+        record, registered_ns = index.record(self._io)
+        if registered_ns != entry.registered_ns or record.conversation_id != conversation_id:
+            return None
+        index.snapshots.catch_up(self._io)
+        for seq in sorted(index.snapshots.entries, reverse=True):
+            view = index.snapshots.entries[seq].view
+            found = view.digest if view is not None else self._legacy_digest(index, seq)
+            if found == digest:
+                return SnapshotRef(run_id=entry.run_id, seq=seq)
+        return None
+
+    def _legacy_digest(self, index: RunIndex, seq: int) -> str | None:
+        """The history digest of snapshot `seq`, written before lines (`None` if it cannot be read)."""
+        try:
+            _, history = load_snapshot_file(self._io.read_all(index.paths.snapshot(seq)))
+            if not isinstance(history, LegacyHistory):
+                return None
+            versions = index.catch_up_legacy(self._io).resolve(history)
+        except (OSError, ValueError):
+            return None
+        return history_digest(version.digest for version in versions)
 
     def _read_all_runs(self) -> list[tuple[RunRecord, int]]:
         try:
@@ -287,9 +405,14 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         await self._runs.in_turn(run_id, partial(self._delete_run, run_id))
 
     def _delete_run(self, run_id: str) -> None:
+        """Rename the run's directory away under its lock, then take it out of the conversation index,
+        free the snapshot it continued, and remove the lines its snapshots were on that no view uses."""
         paths = run_paths(self.directory, run_id)
         try:
-            with self._runs.session(run_id, exclusive=True):
+            with self._runs.session(run_id, exclusive=True) as index:
+                incarnation = str(index.incarnation)
+                record = read_or_skip(f'run file {paths.run_file}', partial(index.record, self._io))
+                lines = read_or_skip(f'snapshot journal {paths.snapshot_journal}', partial(self._lines_of, index))
                 trash = self._work_directory() / f'deleted-{secrets.token_hex(8)}'
                 os.rename(paths.directory, trash)
                 self._io.sync_directory(self.directory)
@@ -297,7 +420,16 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             return
         finally:
             self._runs.forget(run_id)
+        if record is not None:
+            self._conversations.remove(*record)
+            self._origins.release(record[0].origin, run_id, incarnation)
+        for line in sorted(lines or ()):
+            self._usage.remove_if_unused(line, user=(run_id, incarnation))
         shutil.rmtree(trash, ignore_errors=True)
+
+    def _lines_of(self, index: RunIndex) -> set[str]:
+        index.snapshots.catch_up(self._io)
+        return {view.line for view in index.snapshots.views()}
 
     # --- events ---
 
@@ -331,20 +463,21 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         await self._runs.write(snapshot.run_id, partial(self._save_snapshot, snapshot=snapshot))
 
     def _save_snapshot(self, index: RunIndex, snapshot: ContinuableSnapshot) -> None:
-        encoded = snapshot.encoded_messages()
         key = snapshot.idempotency_key
         journal = index.snapshots
         journal.catch_up(self._io)
         if key is not None and key in journal.keys:
             return
-        index.messages.catch_up(self._io)
         real_directory(index.paths.snapshots)
-        history = index.messages.store(self._io, encoded, self._pack)
         seq = journal.next_seq
-        self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, history))
         retain = self.max_snapshots_per_run
-        entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key, retain=retain)
-        journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq, retain), entry)])
+
+        def commit(view: LineView) -> None:
+            self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, view))
+            entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key, retain=retain, view=view)
+            journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq, retain, view), entry)])
+
+        self._saves.save(index, snapshot.encoded_messages(), self._pack, commit)
         for pruned in journal.pruned:
             index.paths.snapshot(pruned).unlink(missing_ok=True)
 
@@ -370,7 +503,6 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     ) -> list[ContinuableSnapshot]:
         """The readable retained snapshots (only the newest one with `newest_only`), in sequence order."""
         index.snapshots.catch_up(self._io)
-        index.messages.catch_up(self._io)
         chosen = [(seq, state) for seq, state in index.snapshots.retained if include_interrupted or state == 'complete']
 
         def describe(entry: tuple[int, SnapshotState]) -> str:
@@ -385,7 +517,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return []
 
     def _load_snapshot(self, index: RunIndex, entry: tuple[int, SnapshotState]) -> ContinuableSnapshot:
-        """Snapshot `seq` in the state its `snapshots.jsonl` line committed it in (`entry`)."""
+        """Snapshot `seq` in the state and with the view its `snapshots.jsonl` line committed it with (`entry`)."""
         seq, state = entry
         real_directory(index.paths.snapshots)
         header, history = load_snapshot_file(self._io.read_all(index.paths.snapshot(seq)))
@@ -393,16 +525,31 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             raise ValueError(f'the file of snapshot {seq} holds snapshot {header.seq}')
         if header.state != state:
             raise ValueError(f'the file of snapshot {seq} says {header.state!r}, snapshots.jsonl {state!r}')
-        _of_run(index.paths.directory.name, 'snapshot file', header)
-        versions = index.messages.resolve(history)
-        lines = self._io.read_spans(index.paths.messages, [version.span for version in versions])
-        try:
-            trees = [self._unpack(version, line) for version, line in zip(versions, lines, strict=True)]
-        except DamagedMessage:
-            # Damaged since this process indexed it: rebuilt from the file, the index leaves the line
-            # out, so the next save writes that message again rather than reusing the damaged line.
-            self._runs.forget(index.paths.directory.name)
-            raise
+        run_id = index.paths.directory.name
+        _of_run(run_id, 'snapshot file', header)
+        if (history if isinstance(history, LineView) else None) != index.snapshots.entries[seq].view:
+            raise ValueError(f'the file of snapshot {seq} names another history than snapshots.jsonl')
+        found: list[tuple[str | None, MessageVersion, bytes]]
+        if isinstance(history, LegacyHistory):
+            versions = index.catch_up_legacy(self._io).resolve(history)
+            stored = self._io.read_spans(index.paths.legacy_messages, [version.span for version in versions])
+            found = [(None, version, data) for version, data in zip(versions, stored, strict=True)]
+        else:
+            picked = self._lines.pick(history)
+            if history_digest(message.version.digest for message in picked) != history.digest:
+                raise ValueError('the stored messages do not match the snapshot (a damaged or missing message line)')
+            found = [(message.line, message.version, message.data) for message in picked]
+        trees = []
+        for line, version, data in found:
+            try:
+                trees.append(self._unpack(version, data))
+            except DamagedMessage:
+                # Damaged since this process indexed it: rebuilt from the file, the index leaves the line
+                # out, so the next save writes that message again rather than reusing the damaged line.
+                if line is not None:
+                    self._lines.damaged(line)
+                self._runs.forget(run_id)
+                raise
         return header.model_copy(update={'messages': decode_messages(trees)})
 
     # --- tool effects ---
@@ -473,11 +620,12 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     # --- reclaiming ---
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
-        """Drop message lines no snapshot uses, then unreferenced blobs (see `stores/file/reclaiming.py`)."""
-        return await file_reclaiming.collect_media(self._runs, self.media_store, grace=grace)
+        """Drop message rows no view uses, then unreferenced blobs (see `stores/file/reclaiming.py`)."""
+        return await file_reclaiming.collect_media(self._runs, self._lines, self._usage, self.media_store, grace=grace)
 
     # --- lifetime ---
 
     async def aclose(self) -> None:
         """Forget the cached indexes; the store holds no open files between calls and stays usable."""
         self._runs.clear()
+        self._lines.clear()
