@@ -19,7 +19,7 @@ from sqlalchemy import Table, func, select
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import FileStepStore, InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepStore
-from step_persistence.stores.file._layout import MEDIA_DIRECTORY_NAME
+from step_persistence.stores.file._layout import LINES_DIRECTORY_NAME, MEDIA_DIRECTORY_NAME
 from step_persistence.stores.mongo import MongoStepStore
 from step_persistence.stores.sql.schema import media, messages
 from support.servers.mongo import Driver, MongoServer
@@ -100,10 +100,19 @@ def _file(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[Backend
     async def count_media_blobs() -> int:
         return await anyio.to_thread.run_sync(count_blob_files)
 
+    def count_message_lines() -> int:
+        """Lines of every history line's `messages.jsonl` (and of runs' own, written before lines)."""
+        journals = [*root.glob(f'*/{LINES_DIRECTORY_NAME}/*/messages.jsonl'), *root.glob('*/*/messages.jsonl')]
+        return sum(len(path.read_bytes().splitlines()) for path in set(journals))
+
+    async def count_stored_messages() -> int:
+        return await anyio.to_thread.run_sync(count_message_lines)
+
     return closing(
         lambda **options: FileStepStore(next(directories), **options),
         spec=lambda **options: {'backend': 'file', 'directory': str(root / 'shared-file-store'), **options},
         count_media_blobs=count_media_blobs,
+        count_stored_messages=count_stored_messages,
     )
 
 
