@@ -76,16 +76,19 @@ POSTGRES_VALUES: dict[str, list[str]] = {
 """PostgreSQL's columns are typed: what they admit that the store never writes (NULL: only where NOT NULL
 is missing, which it is nowhere but in the nullable columns)."""
 
+_VICTIM_LINE = '(SELECT line_id FROM snapshots WHERE run_id = :run AND seq = 1)'
 TARGETS: dict[str, str] = {
     'runs': 'run_id = :run',
+    'conversations': "conversation_id = 'conversation-' || :run",
     'events': 'id = (SELECT max(id) FROM events WHERE run_id = :run)',
-    'messages': 'run_id = :run AND no = (SELECT max(no) FROM messages WHERE run_id = :run)',
+    'history_lines': f'id = {_VICTIM_LINE}',
+    'messages': f'line_id = {_VICTIM_LINE} AND no = (SELECT max(no) FROM messages WHERE line_id = {_VICTIM_LINE})',
     'snapshots': 'run_id = :run AND seq = (SELECT max(seq) FROM snapshots WHERE run_id = :run)',
     'snapshot_keys': 'run_id = :run',
     'tool_effects': "run_id = :run AND tool_call_id = 'b'",
     'media': 'digest = :digest',
 }
-"""The one row of each table a damage changes."""
+"""The one row of each table a damage changes (the victim's line: the one its snapshots are on)."""
 
 
 def kind_of(column: Any) -> str:
@@ -203,6 +206,7 @@ async def observe(store: SqlStepStore, run_id: str) -> dict[str, Any]:
     latest = await store.latest_snapshot(run_id=run_id)
     return {
         'runs': [run.run_id for run in await store.list_runs()],
+        'conversations': [summary.conversation_id for summary in await store.list_conversations()],
         'by conversation': await store.list_runs(conversation_id=f'conversation-{run_id}'),
         'by parent': [run.run_id for run in await store.list_runs(parent_run_id='orchestrator')],
         'started before': [run.run_id for run in await store.runs_started_before(T0 + timedelta(days=365))],
@@ -280,6 +284,8 @@ async def check_damage(
 
     assert await table_contents(engine) == stored, 'reading wrote to the database'
     assert 'sentinel' in after['runs']
+    assert 'c' in after['conversations'], "the sentinel's conversation is listed"
+    assert set(before['conversations']) - set(after['conversations']) <= {f'conversation-{run_id}'}
     await unchanged()
     skipped = sum(len(before[name]) - len(after[name]) for name in ('events', 'snapshots', 'effects'))
     skipped += run_id not in after['runs']
@@ -324,14 +330,23 @@ async def check_damage(
 async def remove_victim(engine: AsyncEngine) -> None:
     """Remove every row but the sentinel's (damaged ones included), so that each damage is checked alone."""
     async with engine.begin() as connection:
+        await connection.execute(text(f'DELETE FROM media WHERE digest NOT IN ({SENTINEL_BLOBS})'))
+        await connection.execute(
+            text(f'DELETE FROM messages WHERE line_id IS NULL OR line_id NOT IN ({SENTINEL_LINES})')
+        )
+        await connection.execute(text(f'DELETE FROM history_lines WHERE id IS NULL OR id NOT IN ({SENTINEL_LINES})'))
+        await connection.execute(
+            text("DELETE FROM conversations WHERE head_run_id IS NULL OR head_run_id <> 'sentinel'")
+        )
         for table in reversed(Base.metadata.sorted_tables):
             if 'run_id' in table.columns:
                 await connection.execute(text(f"DELETE FROM {table.name} WHERE run_id IS NULL OR run_id <> 'sentinel'"))
-        await connection.execute(text(f'DELETE FROM media WHERE digest NOT IN ({SENTINEL_BLOBS})'))
 
 
+SENTINEL_LINES = "SELECT line_id FROM snapshots WHERE run_id = 'sentinel' AND line_id IS NOT NULL"
+"""The line the sentinel's snapshots are on."""
 SENTINEL_BLOBS = (
-    "SELECT digest FROM media WHERE EXISTS (SELECT 1 FROM messages WHERE run_id = 'sentinel' "
+    f'SELECT digest FROM media WHERE EXISTS (SELECT 1 FROM messages WHERE line_id IN ({SENTINEL_LINES}) '
     "AND externalized AND CAST(body AS TEXT) LIKE '%' || digest || '%')"
 )
 """The blobs the sentinel's messages refer to (their digests are in its bodies' markers)."""

@@ -138,18 +138,15 @@ def _head_of_view(
     anchor_run, seq, line, length, through, stored_digest = view
     if not (_is_int(seq) and isinstance(anchor_run, str)):
         raise ValueError(f'damaged snapshot key {(anchor_run, seq)!r}')
-    history = rows.view_of(line, length, through)
+    history = rows.view_of(line, length, through, stored_digest)
     anchor = Anchor(run_id=anchor_run, seq=seq)
     if history.line is None or history.length == 0:
         empty = RunHead(incarnation=incarnation, line=history.line, last_no=history.through_message)
         return KnownHead(empty, anchor, checked)
-    if (
-        digests is not None
-        and len(digests) >= history.length
-        and stored_digest == history_digest(digests[: history.length])
-    ):
-        latest: list[str | None] = list(digests[: history.length])
-    else:
+    prefix = digests[: history.length] if digests is not None and len(digests) >= history.length else None
+    if prefix is not None and stored_digest == history_digest(prefix):
+        latest: list[str | None] = list(prefix)
+    else:  # the rows' digests are checked against the stored history_digest by `view_rows`
         found = view_rows(transaction, history, _DIGESTS, LineBases(transaction))
         latest = [digest if isinstance(digest, str) else None for _, digest in found]
     head = RunHead(incarnation=incarnation, line=history.line, last_no=history.through_message, latest=latest)

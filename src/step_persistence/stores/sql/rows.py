@@ -235,6 +235,7 @@ SNAPSHOT_HEADER_COLUMNS: tuple[ColumnElement[Any], ...] = (
     snapshots.c.line_id,
     snapshots.c.history_length,
     snapshots.c.through_message,
+    snapshots.c.history_digest,
 )
 """A snapshot row: its fields and its view of a history line."""
 
@@ -248,6 +249,9 @@ class StoredHistory:
     line: int | None
     length: int
     through_message: int
+    history_digest: str | None = None
+    """The digest of the history's message digests (`_history.history_digest`; `None`: not stored, for
+    snapshots saved before revision 0005), against which a view's rows are checked when read."""
 
 
 def run_values(record: RunRecord, *, origin_kind: str | None = None) -> dict[str, Any]:
@@ -292,9 +296,7 @@ def tool_effect_from_row(row: Mapping[str, Any]) -> ToolEffectRecord:
     return ToolEffectRecord.model_validate({name: row[name] for name in TOOL_EFFECT_FIELDS})
 
 
-def snapshot_values(
-    snapshot: ContinuableSnapshot, *, seq: int, history: StoredHistory, history_digest: str
-) -> dict[str, Any]:
+def snapshot_values(snapshot: ContinuableSnapshot, *, seq: int, history: StoredHistory) -> dict[str, Any]:
     values = {name: getattr(snapshot, name) for name in _SNAPSHOT_FIELDS if name != 'seq'}
     return {
         **values,
@@ -302,7 +304,7 @@ def snapshot_values(
         'line_id': history.line,
         'history_length': history.length,
         'through_message': history.through_message,
-        'history_digest': history_digest,
+        'history_digest': history.history_digest,
     }
 
 
@@ -314,17 +316,19 @@ def snapshot_header_from_row(row: Mapping[str, Any]) -> tuple[ContinuableSnapsho
     """
     require_readable(row, _SNAPSHOT_FIELDS)
     header = ContinuableSnapshot.model_validate({**{name: row[name] for name in _SNAPSHOT_FIELDS}, 'messages': []})
-    return header, view_of(row['line_id'], row['history_length'], row['through_message'])
+    return header, view_of(row['line_id'], row['history_length'], row['through_message'], row['history_digest'])
 
 
-def view_of(line: object, length: object, through: object) -> StoredHistory:
-    """The view a snapshot row stores (`line_id`, `history_length`, `through_message`); `ValueError` for
-    values no save writes (only the empty history may have no line)."""
+def view_of(line: object, length: object, through: object, history_digest: object) -> StoredHistory:
+    """The view a snapshot row stores (`line_id`, `history_length`, `through_message`, `history_digest`);
+    `ValueError` for values no save writes (only the empty history may have no line)."""
     if not (_is_int(length) and _is_int(through) and length >= 0 and through >= 0):  # type: ignore[operator]
         raise ValueError(f'malformed history reference: length {length!r}, through message {through!r}')
     if not (_is_int(line) if line is not None else length == 0):
         raise ValueError(f'malformed history reference: line {line!r} for a history of {length} messages')
-    return StoredHistory(line=line, length=length, through_message=through)  # type: ignore[arg-type]
+    if history_digest is not None and not isinstance(history_digest, str):
+        raise ValueError(f'malformed history digest {history_digest!r}')
+    return StoredHistory(line=line, length=length, through_message=through, history_digest=history_digest)  # type: ignore[arg-type]
 
 
 def _is_int(value: object) -> bool:

@@ -84,7 +84,7 @@ class SnapshotReads:
         Raises `ValueError` when a body stored as it is does not hash to its digest or is not a message,
         and whatever the media store raises for a missing or corrupt blob.
         """
-        for position, body, externalized, digest in found:
+        for position, digest, body, externalized in found:
             # Stored as it is, a message's body is the encoding its digest is of: a body changed behind
             # the store's back is never returned as the message. (An externalized body is checked
             # through its blobs' digests.)
@@ -92,7 +92,7 @@ class SnapshotReads:
                 raise ValueError(f'the message at position {position} does not match its digest')
         trees = [
             await self._media.unpack_message(body, externalized=bool(externalized))
-            for _, body, externalized, _ in found
+            for _, _, body, externalized in found
         ]
         return decode_messages(trees)
 
@@ -123,8 +123,8 @@ def _fetch(transaction: Transaction, run_id: str, query: Any) -> list[tuple[int,
     return fetched
 
 
-_BODIES = segment_query(cast(messages.c.body, Text), messages.c.externalized, messages.c.digest)
-"""Per position of a view: `(position, body, externalized, digest)`."""
+_BODIES = segment_query(messages.c.digest, cast(messages.c.body, Text), messages.c.externalized)
+"""Per position of a view: `(position, digest, body, externalized)`."""
 
 
 def _is_encoding_of(body: object, digest: object) -> bool:

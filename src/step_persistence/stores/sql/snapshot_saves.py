@@ -262,10 +262,10 @@ class SnapshotSaves:
                     }
                 )
             transaction.execute(self._statements.insert_messages, values)
-        history = StoredHistory(line=line, length=len(digests), through_message=through)
-        header = rows.snapshot_values(
-            snapshot, seq=allocation.seq, history=history, history_digest=history_digest(digests)
+        history = StoredHistory(
+            line=line, length=len(digests), through_message=through, history_digest=history_digest(digests)
         )
+        header = rows.snapshot_values(snapshot, seq=allocation.seq, history=history)
         transaction.execute(self._statements.insert_snapshot, header)
         saved = RunHead(incarnation=allocation.run_pk, line=line, last_no=through, latest=list(digests))
         prepared.heads[run_id] = KnownHead(saved, Anchor(run_id=run_id, seq=allocation.seq), checked=True)

@@ -16,6 +16,8 @@ from sqlalchemy import and_, bindparam, func, select
 from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
+from step_persistence._history import history_digest
+from step_persistence._reading import logger
 from step_persistence.stores._positions import LineBase, LineId, ViewSegment, assemble, view_segments
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.executors import Transaction
@@ -36,8 +38,9 @@ def _is_int(value: object) -> bool:
 class LineBases:
     """`base_of` for `view_segments`: the base of each line, read once per transaction.
 
-    Raises `ValueError` for a line that is not stored or whose base is damaged (set in part, or
-    not made of integers from 0).
+    A line whose row is missing, or whose base is damaged (set in part, or not made of integers
+    from 0: SQLite keeps any value in any column), is read as having none (logged): its own rows
+    still make the views that need no base, and a view that needs one finds positions missing.
     """
 
     def __init__(self, transaction: Transaction) -> None:
@@ -48,15 +51,13 @@ class LineBases:
         if line in self._known:
             return self._known[line]
         found = rows.fetch(self._transaction, _LINE, {'line': line})
-        if not found:
-            raise ValueError(f'history line {line!r} is not stored')
-        base_line, length, through = found[0]
-        if (base_line, length, through) == (None, None, None):
-            base = None
-        elif _is_int(base_line) and _is_int(length) and _is_int(through) and length >= 0 and through >= 0:
+        stored: tuple[Any, Any, Any] = tuple(found[0]) if found else (None, None, None)
+        base_line, length, through = stored
+        base = None
+        if _is_int(base_line) and _is_int(length) and _is_int(through) and length >= 0 and through >= 0:
             base = LineBase(line=base_line, length=length, through=through)
-        else:
-            raise ValueError(f'history line {line!r} has a damaged base: {(base_line, length, through)!r}')
+        elif not found or (base_line, length, through) != (None, None, None):
+            logger.warning('history line %r is read without a base: its row holds %r', line, found[:1])
         self._known[line] = base
         return base
 
@@ -83,18 +84,25 @@ def segment_query(*columns: ColumnElement[Any]) -> Select[Any]:
 
 
 def view_rows(transaction: Transaction, history: StoredHistory, query: Select[Any], bases: LineBases) -> Sequence[Any]:
-    """The rows of `query` (a `segment_query`) that make up `history`, one per position, in position order.
+    """The rows of `query` (a `segment_query` whose second column is the digest) that make up `history`, one
+    per position, in position order.
 
-    A row whose position is not an integer (damaged behind the store's back: SQLite keeps any
-    value in any column) belongs to no view. Raises `ValueError` naming the first position no
-    segment has (rows damaged or removed), or for damaged bases (`LineBases`, `view_segments`).
+    A row whose position is not an integer (damaged behind the store's back) belongs to no view.
+    Raises `ValueError` naming the first position no segment has (rows damaged or removed), for a
+    chain of bases that loops (`view_segments`), or when the rows' digests are not the history's
+    `history_digest` (rows of another history: a damaged reference).
     """
     if history.length == 0:
         return []
     if history.line is None:
         raise ValueError(f'a history of {history.length} messages has no line')
     segments = view_segments(history.line, history.length, history.through_message, bases)
-    return assemble(history.length, [_segment(transaction, query, segment) for segment in segments])
+    found = assemble(history.length, [_segment(transaction, query, segment) for segment in segments])
+    if history.history_digest is not None:
+        digests = [row[1] for row in found]
+        if not all(isinstance(digest, str) for digest in digests) or history_digest(digests) != history.history_digest:
+            raise ValueError('the messages found are not those of the history (its history_digest differs)')
+    return found
 
 
 def _segment(transaction: Transaction, query: Select[Any], segment: ViewSegment) -> dict[int, Any]:
