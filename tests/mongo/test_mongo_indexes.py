@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from step_persistence import MongoStepStore, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.records import RunOrigin
 from step_persistence.stores.mongo import IndexCreationError
 from step_persistence.testing.conformance import sample_history
 from support.mongo_helpers import CommandLog, scratch, snapshot, store_in
@@ -115,3 +118,120 @@ async def test_an_index_of_the_same_name_with_other_options_is_reported(scratch:
     store = store_in(scratch, database)
     with pytest.raises(IndexCreationError, match=rf'{database}\.snapshots already exists .* drop it'):
         await store.register_run(RunRecord(run_id='clash'))
+
+
+# --- the listings are served by indexes (query plans) ---
+
+
+def winning_stages(explained: Any) -> list[tuple[str, str | None]]:
+    """`(stage, index name)` of every stage of every winning plan in an `explain` answer."""
+    found: list[tuple[str, str | None]] = []
+
+    def stages(node: Any) -> None:
+        if isinstance(node, dict):
+            if 'stage' in node:
+                found.append((node['stage'], node.get('indexName')))
+            for value in node.values():
+                stages(value)
+        elif isinstance(node, list):
+            for value in node:
+                stages(value)
+
+    def plans(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == 'winningPlan':
+                    stages(value)
+                elif key != 'rejectedPlans':
+                    plans(value)
+        elif isinstance(node, list):
+            for value in node:
+                plans(value)
+
+    plans(explained)
+    return found
+
+
+async def explain(db: Any, command: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """The winning plan's stages of a command the store sent (as it sent it, minus session fields)."""
+    sent = {
+        key: value for key, value in command.items() if not key.startswith('$') and key not in ('lsid', 'txnNumber')
+    }
+    return winning_stages(await db.command('explain', sent, verbosity='queryPlanner'))
+
+
+async def populated(store: MongoStepStore) -> None:
+    """Runs of several conversations, agents, parents and origins, with snapshots."""
+    for number in range(12):
+        conversation = f'conversation-{number % 4}'
+        origin = None if number < 4 else RunOrigin(kind='continued', run_id=f'run-{number - 4}', seq=1)
+        record = RunRecord(
+            run_id=f'run-{number}',
+            conversation_id=conversation,
+            agent_name=f'agent-{number % 3}',
+            parent_run_id=None if number % 5 else 'run-0',
+            origin=origin,
+        )
+        await store.register_run(record)
+        await store.save_snapshot(snapshot(record.run_id, 1 + number // 4))
+
+
+@pytest.mark.parametrize(
+    ('call', 'expected'),
+    [
+        (
+            lambda store: store.list_runs(conversation_id='conversation-1', limit=20, newest_first=True),
+            {'runs': 'conversation_started'},
+        ),
+        (lambda store: store.list_runs(parent_run_id='run-0', limit=3), {'runs': 'parent_started'}),
+        (lambda store: store.list_runs(agent_name='agent-1', newest_first=True), {'runs': 'agent_started'}),
+        (lambda store: store.list_runs(origin_run_id='run-2'), {'runs': 'origin_started'}),
+        (lambda store: store.list_runs(limit=5, newest_first=True), {'runs': 'started_at'}),
+        (
+            lambda store: store.list_conversations(limit=20),
+            {'conversations': 'last_started', 'runs': 'conversation_started'},
+        ),
+        (lambda store: store.list_conversations(newest_first=False, limit=2), {'conversations': 'last_started'}),
+        (lambda store: store.list_conversations(agent_name='agent-2'), {'runs': 'agent_started'}),
+        (
+            lambda store: store.find_snapshot(
+                conversation_id='conversation-1', history_digest=snapshot('run-1', 1).history_digest()
+            ),
+            {'snapshots': 'history_digest'},
+        ),
+        (lambda store: store.latest_snapshot(run_id='run-5'), {'messages': 'line_position_no'}),
+    ],
+    ids=[
+        'list_runs(conversation_id, limit, newest_first)',
+        'list_runs(parent_run_id)',
+        'list_runs(agent_name)',
+        'list_runs(origin_run_id)',
+        'list_runs()',
+        'list_conversations(limit)',
+        'list_conversations(oldest first)',
+        'list_conversations(agent_name)',
+        'find_snapshot',
+        'a snapshot read through its lines',
+    ],
+)
+async def test_listings_are_served_by_indexes(
+    mongo_server: MongoServer, scratch: Scratch, call: Any, expected: dict[str, str]
+) -> None:
+    database = scratch.fresh_database()
+    await populated(store_in(scratch, database, media_store=None))
+    log = CommandLog()
+    client = log.client(mongo_server.uri)
+    try:
+        assert await call(MongoStepStore(client=client, database=database, media_store=None))
+    finally:
+        await client.close()
+    db = scratch.client[database]
+    queries = [(collection, command) for name, collection, command in log.commands if name in ('find', 'aggregate')]
+    assert {collection for collection, _ in queries} >= set(expected)
+    for collection, command in queries:
+        if collection == 'counters':
+            continue  # found by `_id` (one that is not a string, which the test server scans for)
+        stages = await explain(db, command)
+        assert 'COLLSCAN' not in [stage for stage, _ in stages], (collection, command, stages)
+        if collection in expected:
+            assert ('IXSCAN', expected[collection]) in stages, (command, stages)

@@ -49,11 +49,23 @@ _KEY: Final = {'at': '$started_at', 'us': '$started_at_us', 'registration': '$re
 """A run's key, as an aggregation expression over its `runs` document."""
 
 _KEYED: Final = {
+    'conversation_id': {'$type': 'string'},
     'started_at': {'$type': 'date'},
     'started_at_us': {'$type': 'number'},
     'registration': {'$type': 'number'},
 }
-"""Runs whose key is readable (a damaged run takes no part in summaries)."""
+"""Runs of a conversation whose key is readable (a damaged run takes no part in summaries)."""
+
+
+def _keyed(document: Mapping[str, Any]) -> bool:
+    """Whether a `runs` document read with `_KEY_FIELDS` has a readable key (`_KEYED`, checked here)."""
+    numbers = [document.get(name) for name in ('started_at_us', 'registration')]
+    return (
+        isinstance(document.get('started_at'), datetime)
+        and all(isinstance(number, int) and not isinstance(number, bool) for number in numbers)
+        and isinstance(document['_id'], str)
+    )
+
 
 _NEWEST_FIRST: Final = [('last.at', DESCENDING), ('last.us', DESCENDING), ('_id', DESCENDING)]
 _OLDEST_FIRST: Final = [('last.at', ASCENDING), ('last.us', ASCENDING), ('_id', ASCENDING)]
@@ -185,12 +197,16 @@ class Conversations:
 
     async def _end(self, conversation_id: str, order: int, *, besides: str | None = None) -> dict[str, Any] | None:
         """The key of the conversation's oldest (`ASCENDING`) or newest run (but `besides`), or `None`."""
-        query: dict[str, Any] = {'conversation_id': conversation_id, **_KEYED}
-        if besides is not None:
-            query['_id'] = {'$ne': besides}
         sort = [(name, order) for name, _ in RUN_ORDER]
-        found = await self._runs.find(query, _KEY_FIELDS).sort(sort).limit(1).to_list(None)
-        return _stored_key(found[0]) if found else None
+        query = self._runs.find({'conversation_id': conversation_id}, _KEY_FIELDS).sort(sort)
+        for limit in (3, 0):  # then all of them: only past damaged runs
+            found = await query.clone().limit(limit).to_list(None)
+            for document in found:
+                if document['_id'] != besides and _keyed(document):
+                    return _stored_key(document)
+            if len(found) < 3:
+                return None
+        return None
 
     # --- reading ---
 
@@ -237,11 +253,13 @@ class Conversations:
         return [summary for summary in built if summary is not None]
 
     async def _from_runs(self, match: dict[str, Any]) -> list[dict[str, Any]]:
-        """Per conversation among the runs matching `match`: `{_id, n, first, last}` from one aggregation."""
+        """Per conversation among the runs matching `match` (one indexed equality, or none):
+        `{_id, n, first, last}` from one aggregation."""
         return await aggregate_all(
             self._runs,
             [
-                {'$match': {**match, 'conversation_id': {'$type': 'string'}, **_KEYED}},
+                *([{'$match': match}] if match else []),
+                {'$match': _KEYED},
                 {'$sort': dict(RUN_ORDER)},
                 {
                     '$group': {

@@ -34,9 +34,11 @@ __all__ = [
     'fresh_line',
     'is_legacy',
     'legacy_line',
+    'line_key',
     'line_made_at',
     'line_messages',
     'line_snapshots',
+    'on_line',
 ]
 
 LEGACY_PREFIX: Final = 'run:'
@@ -76,11 +78,24 @@ def line_made_at(line: str) -> datetime | None:
     return None if is_legacy(line) else ObjectId(line).generation_time
 
 
+def line_key(line: str) -> dict[str, Any]:
+    """The indexed part of the query selecting the message documents of `line` (`line_messages`):
+    `line` (index `line_position_no`), or for a legacy line its run (`run_position_no`).
+
+    Queries put it first and filter on the rest afterwards, so that even a simple query planner
+    (the test server's) reads through the index.
+    """
+    return {'run_id': line[len(LEGACY_PREFIX) :]} if is_legacy(line) else {'line': line}
+
+
 def line_messages(line: str) -> dict[str, Any]:
     """The query selecting the message documents of `line`."""
-    if is_legacy(line):
-        return {'run_id': line[len(LEGACY_PREFIX) :], 'line': {'$exists': False}}
-    return {'line': line}
+    return {**line_key(line), 'line': {'$exists': False}} if is_legacy(line) else line_key(line)
+
+
+def on_line(document: Mapping[str, Any], line: str) -> bool:
+    """Whether a message document that `line_key(line)` found is on `line` (`line_messages`)."""
+    return 'line' not in document if is_legacy(line) else document.get('line') == line
 
 
 def line_snapshots(line: str) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from step_persistence.stores.mongo._client import Database, aggregate_all
 from step_persistence.stores.mongo._documents import StoredView
 from step_persistence.stores.mongo._indexes import LINE_NUMBER_INDEX, is_duplicate_on
 from step_persistence.stores.mongo._limits import WIDEST_NUMBER, check_document_size
-from step_persistence.stores.mongo._lines import LineBases, line_messages
+from step_persistence.stores.mongo._lines import LineBases, line_key, line_messages
 
 __all__ = ['MessageStore', 'message_document']
 
@@ -192,16 +192,12 @@ class MessageStore:
         """Per position below `length` (and the segment's), the newest document numbered at most its `through`."""
         if segment.length == 0 or segment.through == 0:
             return {}
+        line = str(segment.line)
         found = await aggregate_all(
             self._collection,
             [
-                {
-                    '$match': {
-                        **line_messages(str(segment.line)),
-                        'position': {'$gte': 0, '$lt': min(length, segment.length)},
-                        'no': {'$lte': segment.through},
-                    }
-                },
+                {'$match': {**line_key(line), 'position': {'$gte': 0, '$lt': min(length, segment.length)}}},
+                {'$match': {**line_messages(line), 'no': {'$lte': segment.through}}},
                 {'$sort': {'position': 1, 'no': -1}},
                 {'$group': {'_id': '$position', **{name: {'$first': f'${name}'} for name in _READ}}},
             ],

@@ -49,9 +49,11 @@ from step_persistence.stores.mongo._lines import (
     check_line,
     is_legacy,
     legacy_line,
+    line_key,
     line_made_at,
     line_messages,
     line_snapshots,
+    on_line,
 )
 
 __all__ = ['collect_media', 'release_lines']
@@ -155,8 +157,8 @@ async def release_lines(database: Database, run_id: str) -> None:
         line, bound = queue.pop()
         uses = [
             (view.length, view.through)
-            async for document in snapshots.find({**line_snapshots(line), 'run_id': {'$ne': run_id}}, _VIEW_FIELDS)
-            if (view := _view(document)) is not None and view.line == line
+            async for document in snapshots.find(line_snapshots(line), _VIEW_FIELDS)
+            if document.get('run_id') != run_id and (view := _view(document)) is not None and view.line == line
         ]
         async for document in lines.find({'base.line': line}, {'base': 1}):
             base = _readable_base(document)
@@ -165,11 +167,11 @@ async def release_lines(database: Database, run_id: str) -> None:
         if uses:
             versions = [
                 version
-                async for document in messages.find(
-                    {**line_messages(line), 'no': {'$lte': bound}, 'reclaimed': {'$exists': False}},
-                    {'position': 1, 'no': 1},
-                )
-                if (version := _version(document)) is not None
+                async for document in messages.find(line_key(line), {'line': 1, 'position': 1, 'no': 1, 'reclaimed': 1})
+                if on_line(document, line)
+                and 'reclaimed' not in document
+                and (version := _version(document)) is not None
+                and version.no <= bound
             ]
             await _release(messages, line, unused(versions, uses))
             continue

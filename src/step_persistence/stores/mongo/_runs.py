@@ -103,7 +103,8 @@ async def find_snapshot(database: Database, *, conversation_id: str, history_dig
             newest[run_id] = max(seq, newest.get(run_id, seq))
     if not newest:
         return None
-    query = {'_id': {'$in': list(newest)}, 'conversation_id': conversation_id}
-    for record in await find_runs(database['runs'], query, limit=1, newest_first=True):
-        return SnapshotRef(run_id=record.run_id, seq=newest[record.run_id])
+    candidates = database['runs'].find({'_id': {'$in': list(newest)}}).sort(_NEWEST_FIRST)
+    for record in read_each(await candidates.to_list(None), _describe, run_from_document):
+        if record.conversation_id == conversation_id:
+            return SnapshotRef(run_id=record.run_id, seq=newest[record.run_id])
     return None
