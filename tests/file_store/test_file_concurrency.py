@@ -11,10 +11,15 @@ from typing import Any
 
 import anyio
 import pytest
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
+from file_store.file_layout import stored_message_lines
 from step_persistence import ContinuableSnapshot, FileStepStore, RunRecord, ToolEffectRecord
+from step_persistence._history import encode_messages
+from step_persistence.records import RunOrigin
 from step_persistence.retention import retained_seqs
 from step_persistence.testing.conformance import sample_history
+from step_persistence.testing.conformance.conversations import chat_history
 
 pytestmark = pytest.mark.anyio
 
@@ -24,6 +29,10 @@ SAVES_PER_PROCESS = 25
 
 def snapshot(run_id: str, step: int, **fields: Any) -> ContinuableSnapshot:
     return ContinuableSnapshot(run_id=run_id, step_index=step, messages=sample_history(1, tag=str(step)), **fields)
+
+
+def dump(messages: list[ModelMessage]) -> bytes:
+    return ModelMessagesTypeAdapter.dump_json(messages)
 
 
 def journal(directory: Path, run_id: str) -> list[dict[str, Any]]:
@@ -60,6 +69,30 @@ def _save(directory: str, worker: int, barrier: Barrier, max_snapshots: int | No
             await store.save_snapshot(snapshot('shared', worker * 1000 + number, state=state))
 
     anyio.run(main)
+
+
+def _continue(directory: str, worker: int, barrier: Barrier, results: Any) -> None:
+    """Register a run continuing snapshot 1 of `head`, then save three steps on it."""
+
+    async def main() -> str:
+        store = FileStepStore(directory)
+        run_id = f'tab-{worker}'
+        barrier.wait()
+        await store.register_run(RunRecord(run_id=run_id, conversation_id='chat', origin=_HEAD_ORIGIN))
+        for step in range(1, 4):
+            await store.save_snapshot(ContinuableSnapshot(run_id=run_id, step_index=step, messages=_tab(worker, step)))
+        record = await store.get_run(run_id=run_id)
+        assert record is not None and record.origin is not None
+        return record.origin.kind
+
+    results.put(anyio.run(main))
+
+
+_HEAD_ORIGIN = RunOrigin(kind='continued', run_id='head', seq=1)
+
+
+def _tab(worker: int, step: int) -> list[ModelMessage]:
+    return chat_history(2) + chat_history(step, tag=f'-tab-{worker}', start=2)
 
 
 def _run_workers(target: Any, *args: Any) -> None:
@@ -131,6 +164,24 @@ async def test_retention_with_four_processes_keeps_exactly_what_the_rule_keeps(t
     newest_complete = max(line['seq'] for line in lines if line['state'] == 'complete')
     latest = await store.latest_snapshot(run_id='shared')
     assert latest is not None and latest.seq == newest_complete
+
+
+async def test_four_processes_continuing_one_snapshot_keep_every_history(tmp_path: Path) -> None:
+    """Four tabs at once: one is stored as the continuation, three as forks; each history reads back."""
+    store = FileStepStore(tmp_path)
+    await store.register_run(RunRecord(run_id='head', conversation_id='chat'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='head', step_index=1, messages=chat_history(2)))
+    context = multiprocessing.get_context('spawn')
+    results = context.Queue()
+    await anyio.to_thread.run_sync(_run_workers, _continue, str(tmp_path), results)
+    kinds = sorted(results.get(timeout=10) for _ in range(PROCESSES))
+    assert kinds == ['continued'] + ['forked'] * (PROCESSES - 1)
+    reader = FileStepStore(tmp_path)
+    for worker in range(PROCESSES):
+        stored = await reader.list_snapshots(run_id=f'tab-{worker}')
+        assert [dump(item.messages) for item in stored] == [dump(_tab(worker, step)) for step in range(1, 4)]
+    distinct = {message.digest for worker in range(PROCESSES) for message in encode_messages(_tab(worker, 3))}
+    assert stored_message_lines(tmp_path) == len(distinct), 'the shared part is stored once'
 
 
 async def test_calls_on_a_run_take_effect_in_the_order_they_were_made(tmp_path: Path) -> None:

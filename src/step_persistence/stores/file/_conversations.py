@@ -197,7 +197,7 @@ class ConversationIndex:
         if new is None:
             state.unlink(missing_ok=True)
         else:
-            self.io.write_atomic(state, b'%d' % new)
+            self.io.write_hint(state, b'%d' % new)  # lost or stale, it costs a repair
 
     # --- reading ---
 

@@ -154,7 +154,7 @@ class FileIo:
 
     def write_atomic(self, path: Path, data: bytes) -> None:
         """Replace `path` by a file holding `data`: readers see the old file or the new one, never a mix."""
-        temporary = path.with_name(f'.{path.name}.{secrets.token_hex(8)}.tmp')
+        temporary = _temporary(path)
         try:
             self.create(temporary, data)
             os.replace(temporary, path)
@@ -162,6 +162,16 @@ class FileIo:
             temporary.unlink(missing_ok=True)
             raise
         self.sync_directory(path.parent)
+
+    def write_hint(self, path: Path, data: bytes) -> None:
+        """`write_atomic`, but never flushed to the disk: for a hint whose loss costs a repair, not data."""
+        temporary = _temporary(path)
+        try:
+            self._write_and_close(open_unlinked(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL), data, sync=False)
+            os.replace(temporary, path)
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
 
     def sync_directory(self, path: Path) -> None:
         """Make the entries of directory `path` durable (when fsync is on)."""
@@ -173,11 +183,11 @@ class FileIo:
         finally:
             os.close(fd)
 
-    def _write_and_close(self, fd: int, data: bytes) -> None:
-        """Write all of `data` to `fd` (then `fsync` it, when fsync is on) and close it."""
+    def _write_and_close(self, fd: int, data: bytes, *, sync: bool = True) -> None:
+        """Write all of `data` to `fd` (then `fsync` it, when fsync is on and `sync`) and close it."""
         try:
             self._write_all(fd, data)
-            if self.fsync:
+            if self.fsync and sync:
                 os.fsync(fd)
         finally:
             os.close(fd)
@@ -188,6 +198,10 @@ class FileIo:
             written = os.write(fd, view)
             view = view[written:]
         self._count(written=len(data))
+
+
+def _temporary(path: Path) -> Path:
+    return path.with_name(f'.{path.name}.{secrets.token_hex(8)}.tmp')
 
 
 def _end(span: Span) -> int:

@@ -60,6 +60,7 @@ class OriginClaims:
                 yield origin.model_copy(update={'kind': 'forked'})
                 return
             self._write(fd, f'{run_id}\n{incarnation}'.encode('ascii'))
+            self.io.sync_directory(marker.parent)
             try:
                 yield origin
             except BaseException:

@@ -217,6 +217,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         """Stage the run's directory, claim its origin and index it, then rename it into place."""
         paths = run_paths(self.directory, record.run_id)
         staging = self._work_directory() / f'register-{secrets.token_hex(8)}'
+        self._conversations.ensure_indexed(self._read_all_runs)
         staging.mkdir()
         try:
             staged = RunPaths(staging)
