@@ -46,7 +46,7 @@ One `write_batch` (a flush: tool effects, events and snapshots), in order:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from step_persistence._history import EncodedMessage, history_digest
@@ -108,6 +108,10 @@ class _Allocation:
     """`runs.id`: the incarnation of the run's head."""
     seq: int
     """The snapshot's sequence number."""
+    confirmed: bool = False
+    """Whether the allocating statement found the head of this registration with its anchor stored."""
+    taken: bool | None = None
+    """Whether it also took the line's numbers for the plan (`None`: it did not try)."""
 
 
 class SnapshotSaves:
@@ -239,14 +243,18 @@ class SnapshotSaves:
             self._save(transaction, snapshot, prepared)
 
     def _save(self, transaction: Transaction, snapshot: ContinuableSnapshot, prepared: _Prepared) -> None:
-        allocation = self._allocate(transaction, snapshot)
-        if allocation is None:
-            return  # the run used this idempotency key already
         run_id = snapshot.run_id
         encoded = snapshot.encoded_messages()
         digests = [message.digest for message in encoded]
-        head = self._anchored(transaction, run_id, allocation.run_pk, digests, prepared).head
-        line, placed, through = self._place(transaction, head, plan_saves(head, [digests]), len(digests))
+        known = prepared.heads.get(run_id)
+        plan = None if known is None else plan_saves(known.head, [digests])
+        allocation = self._allocate(transaction, snapshot, known, plan)
+        if allocation is None:
+            return  # the run used this idempotency key already
+        if known is None or plan is None or not allocation.confirmed:
+            known = self._anchored(transaction, run_id, allocation.run_pk, digests, prepared)
+            plan = plan_saves(known.head, [digests])
+        line, placed, through = self._place(transaction, known.head, plan, len(digests), taken=allocation.taken)
         if placed:
             values = []
             for row in placed:
@@ -272,19 +280,39 @@ class SnapshotSaves:
         if self._max_snapshots is not None:
             self._prune(transaction, run_id, self._max_snapshots)
 
-    def _allocate(self, transaction: Transaction, snapshot: ContinuableSnapshot) -> _Allocation | None:
+    def _allocate(
+        self, transaction: Transaction, snapshot: ContinuableSnapshot, known: KnownHead | None, plan: SavePlan | None
+    ) -> _Allocation | None:
         """Take the snapshot's sequence number; `None` if its key was used.
 
+        Where the dialect can (`WriteStatements.allocate_on_line`), the same statement checks the head
+        `known` and takes the line's numbers for `plan`: the allocation says whether it did.
         Raises `LookupError` for an unregistered run.
         """
         run_id = snapshot.run_id
-        parameters = {RUN_KEY: run_id}
-        claim_and_allocate = self._statements.claim_and_allocate_snapshot
-        if snapshot.idempotency_key is None:
-            allocated = transaction.execute(self._statements.allocate_snapshot, parameters).first()
-        elif claim_and_allocate is not None:
+        parameters: dict[str, object] = {RUN_KEY: run_id}
+        keyed = snapshot.idempotency_key is not None
+        if keyed:
             parameters['idempotency_key'] = snapshot.idempotency_key
-            allocated = transaction.execute(claim_and_allocate, parameters).first()
+        on_line = self._statements.allocate_on_line
+        anchor = None if known is None else known.anchor
+        if on_line is not None and known is not None and plan is not None and anchor is not None:
+            parameters.update(
+                incarnation=known.head.incarnation,
+                anchor_run=anchor.run_id,
+                anchor_seq=anchor.seq,
+                line=known.head.line,
+                through=known.head.last_no,
+                added=len(plan.rows),
+            )
+            allocated = transaction.execute(on_line[keyed], parameters).first()
+            if allocated is None and keyed:
+                require_run(transaction, run_id)
+                return None
+        elif not keyed:
+            allocated = transaction.execute(self._statements.allocate_snapshot, parameters).first()
+        elif self._statements.claim_and_allocate_snapshot is not None:
+            allocated = transaction.execute(self._statements.claim_and_allocate_snapshot, parameters).first()
             if allocated is None:
                 require_run(transaction, run_id)
                 return None
@@ -294,10 +322,16 @@ class SnapshotSaves:
             return None
         if allocated is None:
             raise LookupError(f'run {run_id!r} is not registered')
-        run_pk, seq = allocated
+        run_pk, seq, *checked = allocated
         if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
             raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
-        return _Allocation(run_pk=require_key(run_id, run_pk), seq=seq)
+        allocation = _Allocation(run_pk=require_key(run_id, run_pk), seq=seq)
+        if checked and known is not None:
+            anchored, taken = checked
+            if run_pk == known.head.incarnation and anchored:
+                known.checked = True
+                return replace(allocation, confirmed=True, taken=bool(taken))
+        return allocation
 
     def _claim_key(self, transaction: Transaction, snapshot: ContinuableSnapshot) -> bool:
         """Record the snapshot's idempotency key; `False` if the run already used it."""
@@ -332,11 +366,12 @@ class SnapshotSaves:
         return found
 
     def _place(
-        self, transaction: Transaction, head: RunHead, plan: SavePlan, length: int
+        self, transaction: Transaction, head: RunHead, plan: SavePlan, length: int, *, taken: bool | None
     ) -> tuple[int | None, list[NumberedRow], int]:
         """Where the planned rows go: `(line, rows, through)` of the saved view.
 
-        On the head's line when nobody appended to it since the head's view; else on a new line
+        On the head's line when nobody appended to it since the head's view (`taken`: whether the
+        allocation already took the numbers there; `None`: take them here); else on a new line
         (branching from the part of the head's view the history keeps, if any), its rows numbered
         from 1. A plan without rows keeps the head's view (the history is a prefix of it).
         """
@@ -344,8 +379,10 @@ class SnapshotSaves:
         if not plan.rows:
             return current, [], head.last_no
         if current is not None:
-            appending = {'line': current, 'through': head.last_no, 'added': len(plan.rows)}
-            if transaction.execute(self._statements.append_to_line, appending).rowcount:
+            if taken is None:
+                appending = {'line': current, 'through': head.last_no, 'added': len(plan.rows)}
+                taken = bool(transaction.execute(self._statements.append_to_line, appending).rowcount)
+            if taken:
                 return current, plan.rows, plan.throughs[0]
         base = _kept_base(head, plan, length)
         parameters: dict[str, object] = {

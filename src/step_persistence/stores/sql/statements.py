@@ -27,7 +27,8 @@ from sqlalchemy import (
     update,
     values,
 )
-from sqlalchemy.sql import Delete
+from sqlalchemy.sql import Delete, Update
+from sqlalchemy.sql.selectable import CTE
 
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.dialects import DialectInsert, dialect_insert
@@ -104,6 +105,38 @@ def events_rows_parameters(run_id: str, parameters: list[dict[str, Any]]) -> dic
     return named
 
 
+def _on_line(allocate: Update, claimed: CTE | None) -> Update:
+    """`allocate` (`allocate_snapshot`), with the key claimed by `claimed` when given, checking the head and
+    taking its line's numbers in the same statement (`WriteStatements.allocate_on_line`)."""
+    anchor = (
+        select(snapshots.c.seq)
+        .where(snapshots.c.run_id == bindparam('anchor_run'), snapshots.c.seq == bindparam('anchor_seq'))
+        .with_for_update(read=True, key_share=True)
+        .cte('anchor')
+    )
+    registration = runs.alias('registration')
+    taking = [
+        history_lines.c.id == bindparam('line'),
+        history_lines.c.last_message_no == bindparam('through'),
+        exists(select(anchor.c.seq)),
+        exists().where(registration.c.run_id == bindparam(RUN_KEY), registration.c.id == bindparam('incarnation')),
+    ]
+    if claimed is not None:
+        taking.append(exists(select(claimed.c.run_id)))
+        allocate = allocate.where(exists(select(claimed.c.run_id))).add_cte(claimed)
+    taken = (
+        update(history_lines)
+        .where(*taking)
+        .values(last_message_no=history_lines.c.last_message_no + bindparam('added', type_=Integer))
+        .returning(history_lines.c.id)
+        .cte('taken')
+    )
+    return allocate.returning(
+        select(func.count()).select_from(anchor).scalar_subquery(),
+        select(func.count()).select_from(taken).scalar_subquery(),
+    ).add_cte(anchor, taken)
+
+
 @dataclass(frozen=True)
 class WriteStatements:
     """Every statement the store's write operations execute, for one dialect."""
@@ -125,6 +158,14 @@ class WriteStatements:
     RETURNING`): `claim_snapshot_key` and then `allocate_snapshot` in one statement, values
     `run` and `idempotency_key`. Returns `allocate_snapshot`'s row, or nothing when the key was
     used already (or the run is not registered); `None` elsewhere."""
+    allocate_on_line: tuple[Prepared, Prepared] | None
+    """Where the dialect runs an `UPDATE` inside a statement (PostgreSQL): `allocate_snapshot` (first) or
+    `claim_and_allocate_snapshot` (second) together with the checks of the head a save builds on and
+    `append_to_line`, in one statement. Values besides theirs: `incarnation` (the head's `runs.id`),
+    `anchor_run` and `anchor_seq` (its anchor, locked `FOR KEY SHARE`), `line`, `through` and `added`;
+    the numbers are taken only when the run is that registration, the anchor is stored and the key
+    was claimed. Returns the run's `id`, the sequence number, whether the anchor is stored (1 or 0)
+    and whether the numbers were taken (1 or 0); nothing as `allocate_snapshot`'s variants do."""
     append_to_line: Prepared
     """Values `line`, `through` and `added`: adds `added` to the line's `last_message_no` if it is still
     `through` (counted: 0 rows when another writer appended since, or the line is gone)."""
@@ -166,6 +207,7 @@ class WriteStatements:
         )
         claimed = claim_snapshot_key.returning(snapshot_keys.c.run_id).cte('claimed')
         claim_and_allocate = allocate_snapshot.where(exists(select(claimed.c.run_id))).add_cte(claimed)
+        postgres = dialect_name == 'postgresql'
         return cls(
             register_run=Prepared(insert(runs).on_conflict_do_nothing().returning(runs.c.id)),
             append_event=Prepared(
@@ -189,7 +231,12 @@ class WriteStatements:
             ),
             claim_snapshot_key=Prepared(claim_snapshot_key),
             allocate_snapshot=Prepared(allocate_snapshot),
-            claim_and_allocate_snapshot=Prepared(claim_and_allocate) if dialect_name == 'postgresql' else None,
+            claim_and_allocate_snapshot=Prepared(claim_and_allocate) if postgres else None,
+            allocate_on_line=(
+                (Prepared(_on_line(allocate_snapshot, None)), Prepared(_on_line(allocate_snapshot, claimed)))
+                if postgres
+                else None
+            ),
             append_to_line=Prepared(
                 update(history_lines)
                 .where(history_lines.c.id == bindparam('line'), history_lines.c.last_message_no == bindparam('through'))
