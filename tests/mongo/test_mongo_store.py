@@ -147,7 +147,7 @@ async def test_timestamps_are_dates_plus_microseconds(scratch: Scratch) -> None:
     assert run is not None and run.started_at == started
 
 
-async def test_each_message_is_stored_once_and_snapshots_name_their_history_in_two_numbers(scratch: Scratch) -> None:
+async def test_each_message_is_stored_once_and_snapshots_name_their_history_by_a_view(scratch: Scratch) -> None:
     database = scratch.fresh_database()
     store = store_in(scratch, database, media_store=None)
     for run_id in ('one', 'two'):
@@ -159,10 +159,16 @@ async def test_each_message_is_stored_once_and_snapshots_name_their_history_in_t
     assert await messages.count_documents({'run_id': 'one'}) == len(sample_history(4))
     assert await messages.count_documents({'run_id': 'two'}) == len(sample_history(1))
     found = scratch.client[database]['snapshots'].find(
-        {'run_id': 'one'}, {'_id': 0, 'history_length': 1, 'through_message': 1}
+        {}, {'_id': 0, 'run_id': 1, 'line': 1, 'history_length': 1, 'through_message': 1, 'history_digest': 1}
     )
-    histories = [(document['history_length'], document['through_message']) async for document in found]
-    assert histories == [(1 + 2 * turns, 1 + 2 * turns) for turns in range(1, 5)]
+    views = {(document['run_id'], document['history_length']): document async for document in found}
+    [line_one] = await messages.distinct('line', {'run_id': 'one'})
+    [line_two] = await messages.distinct('line', {'run_id': 'two'})
+    assert line_one != line_two, 'runs that share no history share no line'
+    for turns in range(1, 5):
+        view = views['one', 1 + 2 * turns]
+        assert (view['line'], view['through_message']) == (line_one, 1 + 2 * turns)
+        assert view['history_digest'] == snapshot('one', turns).history_digest()
     assert [len(s.messages) for s in await store.list_snapshots(run_id='one')] == [3, 5, 7, 9]
 
 
