@@ -36,7 +36,8 @@ from step_persistence import (
     copy_runs,
     from_spec,
 )
-from support.backends import _count_media_rows
+from step_persistence.stores.sql.schema import media
+from support.backends import _count_rows
 from support.console_script import SCRIPT, cli
 from support.databases import EmptyDatabase
 from support.reporting_runs import populate
@@ -135,7 +136,7 @@ async def test_copy_file_to_sqlite_to_postgres_to_mongo(
     # The image arrived as a media blob in every destination, not inline.
     with sqlite3.connect(tmp_path / 'B.db') as connection:
         assert connection.execute('select count(*) from media').fetchone()[0] >= 1
-    assert await _count_media_rows([postgres_database.url]) >= 1
+    assert await _count_rows([postgres_database.url], media) >= 1
     async with mongo_server.scratch() as scratch:
         database = urls['mongo'].rsplit('/', 1)[1].split('?', 1)[0]
         assert await scratch.client[database]['media'].count_documents({}) >= 1
