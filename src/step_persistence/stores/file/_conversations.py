@@ -210,21 +210,23 @@ class ConversationIndex:
             return False
         return os.path.samestat(linked, current)
 
-    def _entries(self, paths: ConversationPaths, scope: str) -> list[Entry]:
-        names = self.io.list_directory(paths.entries(scope))
-        return sorted(entry for entry in map(Entry.parse, names) if entry is not None)
+    def _entries(self, paths: ConversationPaths, scope: str, *, newest_first: bool = False) -> Iterator[Entry]:
+        """The scope's entries in order, parsed as they are consumed (names sort as entries do)."""
+        names = sorted(self.io.list_directory(paths.entries(scope)), reverse=newest_first)
+        return (entry for entry in map(Entry.parse, names) if entry is not None)
 
     def _valid_entries(self, paths: ConversationPaths, scope: str) -> list[Entry]:
         directory = paths.entries(scope)
         return [entry for entry in self._entries(paths, scope) if self._is_valid(directory, entry)]
 
-    def entries(self, conversation_id: str, agent_name: str | None) -> list[Entry]:
-        """The entries of the conversation's runs (of `agent_name`'s, when given), in `list_runs` order.
+    def entries(self, conversation_id: str, agent_name: str | None, *, newest_first: bool) -> Iterator[Entry]:
+        """The entries of the conversation's runs (of `agent_name`'s, when given), in `list_runs` order
+        (or its reverse).
 
         Not checked: the caller reads each run's record, which says whether it is still that run.
         """
         scope = ALL_AGENTS if agent_name is None else text_key(agent_name)
-        return self._entries(self._paths(conversation_id), scope)
+        return self._entries(self._paths(conversation_id), scope, newest_first=newest_first)
 
     def summaries(self, *, limit: object, newest_first: object, agent_name: object) -> list[ConversationSummary]:
         """`list_conversations` (argument checks included): reads only the summaries it returns (plus

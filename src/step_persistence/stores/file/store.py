@@ -301,11 +301,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     def _conversation_runs(self, chosen: RunFilter, conversation_id: str) -> list[RunRecord]:
         """`list_runs` of one conversation, through its index: records read in order until `limit` match."""
         self._conversations.ensure_indexed(self._read_all_runs)
-        entries = self._conversations.entries(conversation_id, chosen.agent_name)
-        if chosen.newest_first:
-            entries.reverse()
         found: list[RunRecord] = []
-        for entry in entries:
+        for entry in self._conversations.entries(conversation_id, chosen.agent_name, newest_first=chosen.newest_first):
             record = self._indexed_run(entry, conversation_id)
             if record is not None and chosen.matches(record):
                 found.append(record)
@@ -346,7 +343,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
 
     def _find_snapshot(self, conversation_id: str, digest: str) -> SnapshotRef | None:
         self._conversations.ensure_indexed(self._read_all_runs)
-        for entry in reversed(self._conversations.entries(conversation_id, None)):
+        for entry in self._conversations.entries(conversation_id, None, newest_first=True):
             find = partial(self._find_in_run, entry, conversation_id, digest)
             look = partial(self._runs.read, entry.run_id, find, None)
             found = read_or_skip(f'snapshots of run {entry.run_id!r}', look)
