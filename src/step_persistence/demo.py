@@ -67,7 +67,7 @@ def build_librarian(store: StepStore) -> Agent[None, str]:
     librarian = Agent(
         FunctionModel(_librarian_model),
         name='code_librarian',
-        capabilities=[StepPersistence(store=store, agent_name='code_librarian')],
+        capabilities=[StepPersistence[None](store=store, agent_name='code_librarian')],
     )
 
     @librarian.tool_plain

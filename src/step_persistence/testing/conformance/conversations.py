@@ -331,7 +331,11 @@ class ConversationsConformance(ConformanceBase):
             await store.list_conversations(limit=limit)  # type: ignore[arg-type]
 
     async def test_list_conversations(self, store: StepStore) -> None:
-        layout = [('a1', 'alpha', 0, 'writer'), ('b1', 'beta', 1, 'writer'), ('a2', 'alpha', 2, 'reader')]
+        layout: list[tuple[str, str | None, int, str]] = [
+            ('a1', 'alpha', 0, 'writer'),
+            ('b1', 'beta', 1, 'writer'),
+            ('a2', 'alpha', 2, 'reader'),
+        ]
         layout += [('loose', None, 3, 'writer'), ('g1', 'gamma', 1, 'reader')]
         for run_id, conversation, minute, agent in layout:
             await self._register(

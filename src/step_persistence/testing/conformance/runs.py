@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
 
 import pytest
 
@@ -89,7 +90,7 @@ class RunsConformance(ConformanceBase):
                 started_at=T0 + timedelta(seconds=index),
             )
 
-        async def ids(**filters: str) -> list[str]:
+        async def ids(**filters: Any) -> list[str]:
             return [run.run_id for run in await store.list_runs(**filters)]
 
         assert await ids() == [f'run-{i}' for i in range(5)]
