@@ -242,3 +242,19 @@ async def test_a_damaged_line_base_hides_only_the_branch(scratch: Scratch, caplo
     assert 'line base length' in caplog.text
     assert await reads(scratch, database, 'tab-1') == [dump(said('q', 'tab-1'))]
     assert await reads(scratch, database, 'head') == [dump(said('q'))]
+
+
+async def test_a_replayed_snapshot_leaves_no_head_on_versions_no_snapshot_names(scratch: Scratch) -> None:
+    """Replaying an earlier save (its idempotency key already stored) writes its changed versions but
+    no snapshot: the next save must not build on them once they are collected."""
+    database = scratch.fresh_database()
+    store = store_in(scratch, database, media_store=None)
+    await store.register_run(RunRecord(run_id='run'))
+    first, second = said('a', 'b'), said('a', 'b completed', 'c')
+    await store.save_snapshot(snap('run', 1, first).model_copy(update={'idempotency_key': 'one'}))
+    await store.save_snapshot(snap('run', 2, second).model_copy(update={'idempotency_key': 'two'}))
+    await store.save_snapshot(snap('run', 1, first).model_copy(update={'idempotency_key': 'one'}))  # a replay
+    assert (await store.collect_media(grace=timedelta(0))).messages == 1, "the replay's version of 'b'"
+    third = said('a', 'b', 'd')
+    await store.save_snapshot(snap('run', 3, third))
+    assert await reads(scratch, database, 'run') == [dump(first), dump(second), dump(third)]

@@ -49,5 +49,9 @@ class KnownRuns:
         """Remember the run's head (the view its newest save wrote), or its registration by this store."""
         self._runs.put(run_id, head)
 
+    def forget_head(self, run_id: str) -> None:
+        """Keep knowing that the run exists, but read its head from the database next time."""
+        self._runs.put(run_id, None)
+
     def discard(self, run_id: str) -> None:
         self._runs.pop(run_id)

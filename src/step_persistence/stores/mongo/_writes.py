@@ -197,7 +197,6 @@ class RunWriter:
             head = await self._heads.read(run_id, histories.digests[0])
             head.incarnation = allocation.registration
         views, head = await histories.write(head)
-        self._known_runs.remember(run_id, head)
         first = allocation.last['snapshot'] - len(snapshots) + 1
         documents = [
             snapshot_document(
@@ -209,7 +208,12 @@ class RunWriter:
             )
             for index, (snapshot, view, digests) in enumerate(zip(snapshots, views, histories.digests, strict=True))
         ]
-        if await _insert_keyed(self._snapshots, documents) and self._max_snapshots is not None:
+        inserted = await _insert_keyed(self._snapshots, documents)
+        if inserted == len(documents):
+            self._known_runs.remember(run_id, head)
+        else:  # a replayed key: the head's view is not a stored snapshot's, so the next save reads one
+            self._known_runs.forget_head(run_id)
+        if inserted and self._max_snapshots is not None:
             await self._prune(run_id, self._max_snapshots)
 
     async def _prune(self, run_id: str, max_snapshots: int) -> None:
