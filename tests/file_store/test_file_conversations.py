@@ -8,11 +8,13 @@ as among 300, or in a conversation of 30 runs as in one of 300.
 from __future__ import annotations
 
 import os
+import shutil
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
@@ -240,3 +242,23 @@ async def test_deleting_a_chat_removes_its_lines_with_its_last_run(tmp_path: Pat
     assert latest is not None and dump(latest.messages) == dump(fork)
     await store.delete_run(run_id='fork')
     assert os.listdir(tmp_path / '@lines') == [], 'the fork went, then the line it branched from'
+
+
+async def test_a_copy_made_without_hard_links_keeps_its_conversations(tmp_path: Path) -> None:
+    store = FileStepStore(tmp_path / 'store', fsync=False)
+    for minute in range(3):
+        await store.register_run(
+            RunRecord(
+                run_id=f'r{minute}', conversation_id='c', agent_name='a', started_at=T0 + timedelta(minutes=minute)
+            )
+        )
+    await store.delete_run(run_id='r1')
+    await store.register_run(RunRecord(run_id='r1', conversation_id='elsewhere', started_at=T0))
+    await anyio.to_thread.run_sync(shutil.copytree, tmp_path / 'store', tmp_path / 'copy')  # hard links become files
+    copy = FileStepStore(tmp_path / 'copy', fsync=False)
+    assert [run.run_id for run in await copy.list_runs(conversation_id='c')] == ['r0', 'r2']
+    assert [(s.conversation_id, s.run_count, s.head_run_id) for s in await copy.list_conversations()] == [
+        ('c', 2, 'r2'),
+        ('elsewhere', 1, 'r1'),
+    ]
+    assert [(s.run_count, s.head_run_id) for s in await copy.list_conversations(agent_name='a')] == [(2, 'r2')]

@@ -5,7 +5,8 @@ with an `agent_name`, in `agents/<agent key>/`), named `<start>.<registration>.<
 fixed-width numbers, so names sort in `list_runs` order. An entry is a hard link to the run's
 `run.json`: it counts only while it is the very file `<run_id>/run.json` names (two `lstat`s, no
 read), so an entry left by a registration or deletion that crashed halfway, or by an earlier
-registration of the same run id, never counts.
+registration of the same run id, never counts. (In a copy of the store made without its hard
+links, an entry and a `run.json` each linked once are compared by the registration stamp, read.)
 
 **Markers.** Per conversation (and per agent within it) one empty file `@latest/<scope>/<start>.<key>`
 is named by the start of its newest run, so the conversations with the newest runs are found by
@@ -31,7 +32,7 @@ from pathlib import Path
 from step_persistence._arguments import require_limit, require_text
 from step_persistence._reading import read_or_skip
 from step_persistence.records import ConversationSummary, RunRecord
-from step_persistence.stores.file._codec import dump_conversation_file, load_conversation_file
+from step_persistence.stores.file._codec import dump_conversation_file, load_conversation_file, load_run_file
 from step_persistence.stores.file._io import FileIo, real_directory
 from step_persistence.stores.file._layout import (
     ALL_AGENTS,
@@ -202,13 +203,23 @@ class ConversationIndex:
     # --- reading ---
 
     def _is_valid(self, directory: Path, entry: Entry) -> bool:
-        """Whether the entry is the `run.json` of the run's current registration."""
+        """Whether the entry stands for the run's current registration: it is that `run.json` (or, in a
+        copy of the store made without its hard links, that `run.json` has the entry's stamp)."""
+        run_file = run_paths(self.root, entry.run_id).run_file
         try:
             linked = os.lstat(directory / entry.name)
-            current = os.lstat(run_paths(self.root, entry.run_id).run_file)
+            current = os.lstat(run_file)
         except (FileNotFoundError, NotADirectoryError):
             return False
-        return os.path.samestat(linked, current)
+        if os.path.samestat(linked, current):
+            return True
+        if linked.st_nlink != 1 or current.st_nlink != 1:
+            return False
+        try:
+            _, registered_ns = load_run_file(self.io.read_all(run_file))
+        except (OSError, ValueError):
+            return False
+        return registered_ns == entry.registered_ns
 
     def _entries(self, paths: ConversationPaths, scope: str, *, newest_first: bool = False) -> Iterator[Entry]:
         """The scope's entries in order, parsed as they are consumed (names sort as entries do)."""
