@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepPersistence
 from step_persistence._history import HistoryEncoder
+from step_persistence.conversations import delete_conversation
 from step_persistence.records import RunOrigin
 from step_persistence.stores.sql.schema import history_lines, messages, snapshots
 from step_persistence.testing.conformance import T0, sample_history
@@ -347,3 +348,27 @@ async def test_a_second_tab_branches_with_only_its_own_messages(empty_database: 
         (None, None, None),
         (main_line, 6, 6),
     ]
+
+
+async def test_deleting_turns_of_a_chat_reclaims_their_own_rows_at_once(empty_database: EmptyDatabase) -> None:
+    """The newest turn's rows go with it, the oldest turn's stay (later turns use them), and deleting the
+    whole conversation leaves no row and no line, all without `collect_media`."""
+    turns = 6
+    async with SqlStepStore(empty_database.url) as store:
+        for turn in range(turns):
+            origin = None if turn == 0 else RunOrigin(kind='continued', run_id=f'turn-{turn - 1}', seq=1)
+            await store.register_run(RunRecord(run_id=f'turn-{turn}', conversation_id='chat', origin=origin))
+            history = chat_history(turn + 1)
+            await store.save_snapshot(ContinuableSnapshot(run_id=f'turn-{turn}', step_index=1, messages=history))
+        await store.delete_run(run_id=f'turn-{turns - 1}')
+        assert await count_rows(empty_database.url, messages) == 2 * (turns - 1)
+        await store.delete_run(run_id='turn-0')
+        assert await count_rows(empty_database.url, messages) == 2 * (turns - 1)
+        for turn in range(1, turns - 1):
+            latest = await store.latest_snapshot(run_id=f'turn-{turn}')
+            assert latest is not None and dump(latest.messages) == dump(chat_history(turn + 1))
+        assert len(await delete_conversation(store, conversation_id='chat')) == turns - 2
+    assert (await count_rows(empty_database.url, messages), await count_rows(empty_database.url, history_lines)) == (
+        0,
+        0,
+    )

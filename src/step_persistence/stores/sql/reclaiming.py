@@ -10,9 +10,12 @@ and `no <= through` with no other row of the position numbered in between (`_USE
 
 `release_lines`, in the transaction of `delete_run` (after its snapshots are gone): a line left
 with no snapshot and no child line goes whole, rows and line, and its base line is looked at in
-turn; on any other line, the rows no remaining view uses go, up to the highest `through` of the
-views removed from it (a row above belongs to a save nobody deleted; `collect_media` judges it).
-So deleting one run of a long chat reads the rows of its own lines only.
+turn; on any other line, the rows no remaining view uses go among those numbered up to the highest
+`through` of the views removed from it (a row above belongs to a save nobody deleted) and above
+the newest remaining view at or below that `through` (the rows that view reaches are its own, but
+in a history that shrank). What is left unused either way is `collect_media`'s. So deleting one
+run of a long chat reads the rows of its own turns only, and `delete_conversation` (newest first)
+reads each row once.
 
 `collect_media` deletes, in one transaction, every line without views (repeatedly: removing a
 child can leave its base without views), then every row no view uses. A snapshot commits with the
@@ -85,9 +88,19 @@ _VIEWED = select(
 _BASE = select(history_lines.c.base_line_id, history_lines.c.base_through).where(history_lines.c.id == _LINE)
 _DELETE_LINE_ROWS = delete(messages).where(messages.c.line_id == _LINE)
 _DELETE_LINE = delete(history_lines).where(history_lines.c.id == _LINE)
+_THRESHOLD: BindParameter[Any] = bindparam('threshold')
+_VIEWS_BELOW = select(
+    select(func.max(snapshots.c.through_message))
+    .where(snapshots.c.line_id == _LINE, snapshots.c.through_message <= _THRESHOLD)
+    .scalar_subquery(),
+    select(func.max(history_lines.c.base_through))
+    .where(history_lines.c.base_line_id == _LINE, history_lines.c.base_through <= _THRESHOLD)
+    .scalar_subquery(),
+)
 _DELETE_RELEASED = delete(messages).where(
     messages.c.line_id == _LINE,
-    messages.c.no <= bindparam('threshold'),
+    messages.c.no > bindparam('lower'),
+    messages.c.no <= _THRESHOLD,
     ~_USED,  # type: ignore[operator]
 )
 _DELETE_UNVIEWED_LINES = delete(history_lines).where(
@@ -118,6 +131,8 @@ def release_lines(transaction: Transaction, released: dict[int, int]) -> int:
         parameters = {'line': line}
         if transaction.execute(_VIEWED, parameters).scalar():
             parameters['threshold'] = threshold
+            below = fetch(transaction, _VIEWS_BELOW, parameters)[0]
+            parameters['lower'] = max((through for through in below if _is_int(through)), default=0)
             reclaimed += int(transaction.execute(_DELETE_RELEASED, parameters).rowcount)
             continue
         base = fetch(transaction, _BASE, parameters)
