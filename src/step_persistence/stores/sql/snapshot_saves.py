@@ -15,8 +15,8 @@ One `write_batch` (a flush: tool effects, events and snapshots), in order:
 
 1. Before any transaction (`_prepare`): each run's head comes from the cache, or from a read
    transaction of its own (`heads.read_head`: the view of the run's newest snapshot, else of its
-   origin snapshot; no message row is read when the stored `history_digest` shows that the
-   history being saved starts with that view). `plan_saves` finds the rows each snapshot adds;
+   origin snapshot, whose message rows are not read when its stored `history_digest` shows that
+   the history being saved starts with that view). `plan_saves` finds the rows each snapshot adds;
    those messages are packed through the media policy. Blobs bound for this database's
    `SqlMediaStore` are staged (`StagedBlobs`) for the transaction; blobs for any other media store
    are stored now. With `media_store=None` a message is its own bytes: a head that is not cached
@@ -39,6 +39,9 @@ One `write_batch` (a flush: tool effects, events and snapshots), in order:
       there; then inserted in one statement;
    d. the snapshot row is inserted, and with `max_snapshots_per_run` the run's snapshots that
       retention no longer keeps (`retained_seqs`) are deleted.
+   On PostgreSQL, a, b and c (taking the numbers on the head's line) are one statement
+   (`WriteStatements.allocate_on_line`), planned from the prepared head; only a head it finds
+   stale takes the separate statements of b and c.
 3. After `NeedsPacking`, the run's head is read again and both steps run again. After the commit,
    the heads (each now the view of the snapshot just written) go to the cache.
 """
