@@ -59,7 +59,10 @@ def test_a_branch_starts_from_the_view_and_numbers_from_one() -> None:
     assert head.base() == LineBase(line=5, length=2, through=9)
     branch = head.branched(6)
     assert (branch.line, branch.last_no, branch.latest) == (6, 0, ['p', 'r'])
-    assert plan_saves(branch, [['p', 'r', 'x']]).rows == [NumberedRow(1, 2, 'x')]
+    rows = plan_saves(branch, [['p', 'r', 'x']]).rows
+    assert rows == [NumberedRow(1, 2, 'x')]
+    branch.advance(rows, through=1, length=3)  # row 1 holds position 2, above the base: not damaged
+    assert (branch.last_no, branch.latest, branch.base_length) == (1, ['p', 'r', 'x'], 2)
     assert head.latest == ['p', 'r']
     with pytest.raises(ValueError, match='without a line'):
         RunHead(incarnation=1).base()
@@ -126,3 +129,4 @@ def test_a_row_claiming_a_position_it_cannot_hold_is_skipped_and_logged(caplog: 
         True,
         False,
     ]
+    assert plausible_position(1, 2, base_length=2) and not plausible_position(1, 3, base_length=2)

@@ -72,14 +72,15 @@ MessageRow = tuple[int, int | None, str | None]
 """`(no, position, digest)` of one stored message row; `None` for a field a damaged row lacks."""
 
 
-def plausible_position(no: int, position: int) -> bool:
-    """Whether a stored row numbered `no` can hold history position `position`.
+def plausible_position(no: int, position: int, *, base_length: int = 0) -> bool:
+    """Whether row `no` of a line can hold history position `position` (`base_length`: what the line's base covers).
 
     A history reaches position `p` only after positions `0..p-1` were stored, each in a row of its
-    own with a lower number, so row `no` holds a position below `no`. A row claiming more is
-    damaged: trusting it would make a reader allocate a list as long as the claimed position.
+    own with a lower number or in the line's base, so row `no` holds a position below
+    `base_length + no`. A row claiming more is damaged: trusting it would make a reader allocate a
+    list as long as the claimed position.
     """
-    return 0 <= position < no
+    return 0 <= position < base_length + no
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +104,8 @@ class RunHead:
     last_no: int = 0
     latest: list[str | None] = field(default_factory=list[str | None])
     """Per history position of the view, the digest of its message (`None`: an unreadable row)."""
+    base_length: int = 0
+    """How many positions the line's base covers (0: it has none): its rows are numbered from 1 above them."""
 
     def apply(self, rows: Iterable[MessageRow], *, through: int | None = None) -> None:
         """Add stored rows, read in number order.
@@ -123,7 +126,7 @@ class RunHead:
             self.last_no = no
             if position is None:
                 continue
-            if not plausible_position(no, position):
+            if not plausible_position(no, position, base_length=self.base_length):
                 logger.warning('skipping damaged message row %d: it claims history position %d', no, position)
                 continue
             if position >= len(self.latest):
@@ -139,7 +142,9 @@ class RunHead:
 
     def branched(self, line: LineId) -> RunHead:
         """The same view as the base of a new `line`: its rows will be numbered from 1 there."""
-        return RunHead(incarnation=self.incarnation, line=line, last_no=0, latest=list(self.latest))
+        return RunHead(
+            incarnation=self.incarnation, line=line, last_no=0, latest=list(self.latest), base_length=len(self.latest)
+        )
 
     def base(self) -> LineBase:
         """This view, as the base of a line branching from it."""
@@ -149,7 +154,13 @@ class RunHead:
 
     def copy(self) -> RunHead:
         """An independent copy, to advance without changing this head."""
-        return RunHead(incarnation=self.incarnation, line=self.line, last_no=self.last_no, latest=list(self.latest))
+        return RunHead(
+            incarnation=self.incarnation,
+            line=self.line,
+            last_no=self.last_no,
+            latest=list(self.latest),
+            base_length=self.base_length,
+        )
 
 
 @dataclass(frozen=True)
