@@ -187,8 +187,9 @@ class Lines:
 
     def damaged(self, line_id: str) -> None:
         """A read found a damaged message in `line_id`: its index is rebuilt (without it) on next use."""
-        self.forget(line_id)
-        self.damage_epoch += 1
+        with self._guard:
+            self._indexes.pop(line_id)
+            self.damage_epoch += 1
 
     def clear(self) -> None:
         with self._guard:
