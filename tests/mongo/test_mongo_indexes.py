@@ -235,3 +235,26 @@ async def test_listings_are_served_by_indexes(
         assert 'COLLSCAN' not in [stage for stage, _ in stages], (collection, command, stages)
         if collection in expected:
             assert ('IXSCAN', expected[collection]) in stages, (command, stages)
+
+
+async def test_create_indexes_creates_every_index_ahead_of_the_writes(
+    mongo_server: MongoServer, scratch: Scratch
+) -> None:
+    log = CommandLog()
+    client = log.client(mongo_server.uri)
+    database = scratch.fresh_database()
+    try:
+        store = MongoStepStore(client=client, database=database, media_store=None)
+        await store.create_indexes()
+        created = log.named('createIndexes')
+        for run_id in ('head', 'tab-1', 'tab-2'):  # the second tab branches: a `lines` document
+            origin = None if run_id == 'head' else RunOrigin(kind='continued', run_id='head', seq=1)
+            await store.register_run(RunRecord(run_id=run_id, conversation_id='c', origin=origin))
+            await store.save_snapshot(snapshot(run_id, 1 if run_id == 'head' else 2))
+        assert log.named('createIndexes') == created, 'nothing left to create'
+    finally:
+        await client.close()
+    assert sorted(created) == sorted(
+        ['runs', 'events', 'snapshots', 'tool_effects', 'messages', 'lines', 'conversations']
+    )
+    assert await scratch.client[database]['lines'].count_documents({}) == 1

@@ -135,12 +135,16 @@ class Conversations:
 
     # --- keeping ---
 
+    async def create_index(self) -> None:
+        """Create the index of `conversations` unless this object did (writing a summary does it first otherwise)."""
+        await self._index.ensure()
+
     async def build(self) -> None:
         """Build the summaries from `runs` unless that was done (a database written before they existed)."""
         if await self._counters.find_one({'_id': _BUILT}) is None:
             found = await self._from_runs({})
             if found:
-                await self._index.ensure()
+                await self.create_index()
             updates = [
                 UpdateOne(
                     {'_id': group['_id']},
@@ -162,7 +166,7 @@ class Conversations:
         await self._widen(record.conversation_id, _key(record, registration))
 
     async def _widen(self, conversation_id: str, key: dict[str, Any]) -> None:
-        await self._index.ensure()
+        await self.create_index()
         result = await upsert(
             lambda: self._summaries.update_one(
                 {'_id': conversation_id}, {'$min': {'first': key}, '$max': {'last': key}}, upsert=True

@@ -157,9 +157,13 @@ class LineBases:
         self._known.put(line, base)
         return base
 
+    async def create_index(self) -> None:
+        """Create the index of `lines` unless this object did (a branch does it first otherwise)."""
+        await self._index.ensure()
+
     async def branch(self, base: LineBase) -> str:
         """A new line starting from view `base`, its `lines` document written (before any of its messages)."""
-        await self._index.ensure()
+        await self.create_index()
         line = fresh_line()
         await self._lines.insert_one(
             {'_id': line, 'base': {'line': base.line, 'length': base.length, 'through': base.through}}

@@ -104,7 +104,7 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
             self._db, STEP_INDEXES, obsolete=OBSOLETE_STEP_INDEXES, then=self._conversations.build
         )
         self._counters = Counters(self._db)
-        bases = LineBases(self._db)
+        self._bases = bases = LineBases(self._db)
         self._messages = MessageStore(self._db, media, bases)
         self._runs = self._db['runs']
         self._events = self._db['events']
@@ -134,8 +134,11 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         return f'{type(self).__name__}(database={self._db.name!r}, max_snapshots={self.max_snapshots_per_run!r})'
 
     async def create_indexes(self) -> None:
-        """Create the store's indexes now (the first write does it otherwise); `IndexCreationError` on a clash."""
+        """Create the store's indexes now, those of `lines` and `conversations` included (writes create
+        them otherwise, as they need them); `IndexCreationError` on a clash."""
         await self._indexes.ensure()
+        await self._bases.create_index()
+        await self._conversations.create_index()
 
     # --- runs ---
 
