@@ -158,8 +158,12 @@ class ConversationIndex:
 
         `search`: also remove every other marker of the conversation (repairing after a crash).
         """
-        valid = self._valid_entries(paths, scope)
-        truth = valid[-1].start if valid else None
+        directory = paths.entries(scope)
+        newest = next(
+            (entry for entry in self._entries(paths, scope, newest_first=True) if self._is_valid(directory, entry)),
+            None,
+        )
+        truth = None if newest is None else newest.start
         current = self._state(paths, scope)
         if search:
             suffix = f'.{paths.key}'
