@@ -114,6 +114,9 @@ class Database:
         (a step store and its media store) share it (see `DatabaseStore`)."""
         self.migration_lock = asyncio.Lock()
         """Held while one of those stores migrates, so that concurrent first operations wait for one migration."""
+        self.sqlite_file: Path | None = None
+        """The SQLite file of an engine built from a path or URL: created, with its directory, by the first
+        migration (`migrate.upgrade`), never by a read (see `DatabaseStore`)."""
         self._options: Mapping[str, Any] = {} if schema is None else {'schema_translate_map': {None: schema}}
         self._executor = executor
         self._owns_engine = owns_engine
@@ -152,13 +155,16 @@ class Database:
                 pool_size=SQLITE_THREADS + 1,
             )
             executor = ThreadExecutor(engine, threads=SQLITE_THREADS)
-        return cls(
+        database = cls(
             executor,
             dialect_name=resolved.get_backend_name(),
             owns_engine=True,
             schema=schema,
             description=description,
         )
+        if resolved.get_backend_name() == 'sqlite' and resolved.database not in (None, '', ':memory:'):
+            database.sqlite_file = Path(resolved.database)
+        return database
 
     @classmethod
     def for_sqlite(
@@ -172,7 +178,8 @@ class Database:
     ) -> Database:
         """The database of a SQLite front door (`owner` names it in errors).
 
-        `database` is a file path (created with its directory; `None` means `runs.db`),
+        `database` is a file path (created with its directory by the first migration, not here;
+        `None` means `runs.db`),
         `':memory:'`, or an application's SQLite `AsyncEngine` or `AsyncConnection`; or
         `connection` is an application's `sqlite3.Connection` (see `from_sqlite3`).
         """
@@ -187,8 +194,6 @@ class Database:
                 raise ValueError(f'{owner} needs a SQLite engine or connection, got {database.dialect.name}')
             return cls.borrowing(database, schema=None)
         name = os.fspath('runs.db' if database is None else database)
-        if name != ':memory:':
-            Path(name).parent.mkdir(parents=True, exist_ok=True)
         return cls.from_url(
             URL.create('sqlite+aiosqlite', database=name), busy_timeout=busy_timeout, synchronous=synchronous
         )

@@ -75,7 +75,13 @@ async def _one_at_a_time(database: Database, operation: Operation[T], *, write: 
 
 
 async def upgrade(database: Database, revision: str = 'head') -> None:
-    """Upgrade `database` to `revision` in one write transaction (the caller's, for a shared connection)."""
+    """Upgrade `database` to `revision` in one write transaction (the caller's, for a shared connection).
+
+    A SQLite file that does not exist is created here, with its directory: the first migration is
+    what creates a store's database (a read never does).
+    """
+    if database.sqlite_file is not None:
+        database.sqlite_file.parent.mkdir(parents=True, exist_ok=True)
     await _one_at_a_time(database, partial(_upgrade, schema=database.schema, revision=revision), write=True)
 
 
