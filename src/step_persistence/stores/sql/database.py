@@ -6,6 +6,9 @@ A `Database` wraps one of:
 - an application's `AsyncEngine` (borrowed: never disposed);
 - an application's `AsyncConnection` (borrowed: statements run inside the caller's transaction,
   which the store never commits, rolls back or closes);
+- an application's `AsyncSession` (borrowed: each operation runs on `await session.connection()`,
+  inside the session's current transaction, which the session begins if none is open; the store
+  never commits, rolls back or closes it);
 - an application's `sqlite3.Connection` (borrowed: the store runs it on a worker thread and
   commits each of its own operations; closing the store never closes the connection).
 
@@ -13,7 +16,7 @@ Each operation is one synchronous function run in one transaction on one connect
 `executors.py`): SQLite engines the store builds run the whole transaction in one worker-thread
 call, starting writes with `BEGIN IMMEDIATE` (a writer waits for the lock, up to the busy
 timeout, instead of failing halfway) and reads with `BEGIN` (one consistent view per read);
-PostgreSQL and an application's engine or connection run it through `AsyncConnection.run_sync`.
+PostgreSQL and an application's engine, connection or session run it through `AsyncConnection.run_sync`.
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from sqlalchemy.engine import URL
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.engine import URL, Connection, Engine
+from sqlalchemy.exc import DBAPIError, UnboundExecutionError
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from step_persistence.stores.sql.dialects import check_dialect, redact, resolve_url
 from step_persistence.stores.sql.engines import (
@@ -49,12 +52,16 @@ __all__ = [
     'is_data_exception',
 ]
 
-DatabaseTarget = str | URL | AsyncEngine | AsyncConnection
-"""What a SQL store is opened on: a URL (the store owns its engine), an application's engine or connection."""
+Borrowed = AsyncEngine | AsyncConnection | AsyncSession
+"""An application's engine, connection or session, which a store uses and never closes."""
 
-SqliteTarget = str | os.PathLike[str] | AsyncEngine | AsyncConnection | None
+DatabaseTarget = str | URL | AsyncEngine | AsyncConnection | AsyncSession
+"""What a SQL store is opened on: a URL (the store owns its engine), an application's engine, connection
+or session."""
+
+SqliteTarget = str | os.PathLike[str] | AsyncEngine | AsyncConnection | AsyncSession | None
 """What a SQLite front door is opened on besides a `sqlite3.Connection`: a path (`None`: `runs.db`),
-`':memory:'`, or an application's SQLite engine or connection (see `Database.for_sqlite`)."""
+`':memory:'`, or an application's SQLite engine, connection or session (see `Database.for_sqlite`)."""
 
 DEFAULT_BUSY_TIMEOUT = 30.0
 """Seconds a SQLite writer waits for another connection's write lock before failing."""
@@ -66,6 +73,9 @@ T = TypeVar('T')
 
 _NUL_SQLSTATES = frozenset({'22021', '22P05'})
 """PostgreSQL's refusals of a NUL character: in a text value (22021), in a JSON string (22P05)."""
+
+_PSYCOPG_NUL = 'cannot contain NUL'
+"""How psycopg 3 refuses a NUL character in a text value before sending it (a `DataError` without SQLSTATE)."""
 
 _OUT_OF_RANGE_SQLSTATE = '22003'
 """PostgreSQL's refusal of a number outside its column's type (`numeric_value_out_of_range`)."""
@@ -108,7 +118,8 @@ class Database:
         self.schema = schema
         self.description = description
         self.in_caller_transaction = in_caller_transaction
-        """Whether operations run in a transaction the caller controls (an `AsyncConnection` was given)."""
+        """Whether operations run in a transaction the caller controls (an `AsyncConnection` or an
+        `AsyncSession` was given)."""
         self.migrated = False
         """Whether this process brought the tables to the newest revision; the stores sharing this database
         (a step store and its media store) share it (see `DatabaseStore`)."""
@@ -123,12 +134,15 @@ class Database:
 
     @classmethod
     def open(cls, target: DatabaseTarget, *, schema: str | None) -> Database:
-        """The database a store is built on: from a URL (owned), an engine or a connection (borrowed)."""
-        if isinstance(target, AsyncEngine | AsyncConnection):
+        """The database a store is built on: from a URL (owned), an engine, a connection or a session (borrowed)."""
+        if isinstance(target, AsyncEngine | AsyncConnection | AsyncSession):
             return cls.borrowing(target, schema=schema)
         if isinstance(target, str | URL):
             return cls.from_url(target, schema=schema)
-        raise TypeError(f'expected a database URL, an AsyncEngine or an AsyncConnection, got {type(target).__name__}')
+        raise TypeError(
+            f'expected a database URL, an AsyncEngine, an AsyncConnection or an AsyncSession, '
+            f'got {type(target).__name__}'
+        )
 
     @classmethod
     def from_url(
@@ -180,7 +194,7 @@ class Database:
 
         `database` is a file path (created with its directory by the first migration, not here;
         `None` means `runs.db`),
-        `':memory:'`, or an application's SQLite `AsyncEngine` or `AsyncConnection`; or
+        `':memory:'`, or an application's SQLite `AsyncEngine`, `AsyncConnection` or `AsyncSession`; or
         `connection` is an application's `sqlite3.Connection` (see `from_sqlite3`).
         """
         if connection is not None:
@@ -189,9 +203,10 @@ class Database:
             if not isinstance(connection, sqlite3.Connection):
                 raise TypeError(f'connection= must be a sqlite3.Connection, got {type(connection).__name__}')
             return cls.from_sqlite3(connection)
-        if isinstance(database, AsyncEngine | AsyncConnection):
-            if database.dialect.name != 'sqlite':
-                raise ValueError(f'{owner} needs a SQLite engine or connection, got {database.dialect.name}')
+        if isinstance(database, AsyncEngine | AsyncConnection | AsyncSession):
+            dialect_name = _sync_bind(database).dialect.name
+            if dialect_name != 'sqlite':
+                raise ValueError(f'{owner} needs a SQLite engine, connection or session, got {dialect_name}')
             return cls.borrowing(database, schema=None)
         name = os.fspath('runs.db' if database is None else database)
         return cls.from_url(
@@ -200,10 +215,12 @@ class Database:
 
     @classmethod
     def for_postgres(cls, url_or_engine: DatabaseTarget, *, schema: str | None, owner: str) -> Database:
-        """The database of a PostgreSQL front door (`owner` names it in errors): a URL, engine or connection."""
-        if isinstance(url_or_engine, AsyncEngine | AsyncConnection):
-            if url_or_engine.dialect.name != 'postgresql':
-                raise ValueError(f'{owner} needs a PostgreSQL database, got a {url_or_engine.dialect.name} engine')
+        """The database of a PostgreSQL front door (`owner` names it in errors): a URL, engine, connection or
+        session."""
+        if isinstance(url_or_engine, AsyncEngine | AsyncConnection | AsyncSession):
+            dialect_name = _sync_bind(url_or_engine).dialect.name
+            if dialect_name != 'postgresql':
+                raise ValueError(f'{owner} needs a PostgreSQL database, got a {dialect_name} engine')
             return cls.borrowing(url_or_engine, schema=schema)
         url = resolve_url(url_or_engine)
         if url.get_backend_name() != 'postgresql':
@@ -211,14 +228,24 @@ class Database:
         return cls.from_url(url, schema=schema)
 
     @classmethod
-    def borrowing(cls, bind: AsyncEngine | AsyncConnection, *, schema: str | None = None) -> Database:
-        """An application's engine (used as configured, never disposed) or connection (statements join its
-        transaction; nothing is committed, rolled back or closed)."""
-        dialect = bind.dialect
+    def borrowing(cls, bind: Borrowed, *, schema: str | None = None) -> Database:
+        """An application's engine (used as configured, never disposed), connection (statements join its
+        transaction; nothing is committed, rolled back or closed) or session (statements run on its
+        connection, in its current transaction, which the store never commits, rolls back or closes).
+
+        The drivers accepted are `SHARED_DRIVERS` (aiosqlite; asyncpg or psycopg 3), whose statements all
+        run through Core."""
+        sync_bind = _sync_bind(bind)
+        dialect = sync_bind.dialect
         is_engine = isinstance(bind, AsyncEngine)
-        engine = bind if isinstance(bind, AsyncEngine) else bind.engine
-        description = f'engine {redact(engine.url)}' if is_engine else f'connection to {redact(engine.url)}'
-        check_dialect(dialect.name, dialect.driver, where=description)
+        url = redact(sync_bind.engine.url)
+        if is_engine:
+            description = f'engine {url}'
+        elif isinstance(bind, AsyncSession):
+            description = f'session on {url}'
+        else:
+            description = f'connection to {url}'
+        check_dialect(dialect.name, dialect.driver, where=description, shared=True)
         return cls(
             AsyncExecutor(bind),
             dialect_name=dialect.name,
@@ -255,7 +282,7 @@ class Database:
             if self.dialect_name != 'postgresql':
                 raise
             sqlstate = _sqlstate(error)
-            if sqlstate in _NUL_SQLSTATES:
+            if sqlstate in _NUL_SQLSTATES or (sqlstate is None and _PSYCOPG_NUL in str(error.orig)):
                 raise ValueError(
                     'PostgreSQL cannot store the NUL character (\\x00) in text or JSON; nothing was written '
                     f'({error.orig})'
@@ -267,6 +294,26 @@ class Database:
             raise
 
     async def aclose(self) -> None:
-        """Dispose of the engine if this database created it; borrowed engines and connections stay open."""
+        """Dispose of the engine if this database created it; borrowed engines, connections and sessions stay
+        open."""
         if self._owns_engine:
             await self._executor.dispose()
+
+
+def _sync_bind(bind: Borrowed) -> Engine | Connection:
+    """The synchronous engine or connection under an application's engine, connection or session.
+
+    A session's is what `session.connection()` would use (its `bind`), found without beginning a
+    transaction; a session bound to nothing, or only per mapper or table, is a `ValueError`.
+    """
+    if isinstance(bind, AsyncEngine):
+        return bind.sync_engine
+    if isinstance(bind, AsyncConnection):
+        return bind.sync_engine  # its dialect and URL; a connection not started yet has no sync_connection
+    try:
+        return bind.sync_session.get_bind()
+    except UnboundExecutionError as error:
+        raise ValueError(
+            'this AsyncSession has no default bind (an engine or connection): create it with bind=..., '
+            'or pass the store `await session.connection(bind_arguments=...)` for the database it should use'
+        ) from error

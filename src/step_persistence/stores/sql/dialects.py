@@ -14,6 +14,7 @@ from step_persistence._urls import redact_url
 DialectInsert = sqlite.Insert | postgresql.Insert
 
 __all__ = [
+    'SHARED_DRIVERS',
     'SUPPORTED_DRIVERS',
     'DialectInsert',
     'check_dialect',
@@ -24,11 +25,26 @@ __all__ = [
 ]
 
 SUPPORTED_DRIVERS: dict[str, str] = {'postgresql': 'asyncpg', 'sqlite': 'aiosqlite'}
-"""Dialect name -> the async driver the store uses with it (event-loop friendly)."""
+"""Dialect name -> the async driver of the engines the store builds from a URL (event-loop friendly)."""
+
+SHARED_DRIVERS: dict[str, tuple[str, ...]] = {'postgresql': ('asyncpg', 'psycopg'), 'sqlite': ('aiosqlite',)}
+"""Dialect name -> the async drivers of an application's engine, connection or session the store accepts.
+
+psycopg 3 (`postgresql+psycopg://`, SQLAlchemy's async psycopg dialect) only on an application's engine:
+every statement then runs through Core (`prepared.py` runs on the DBAPI connections of the store's own
+engines only), and the store's own engines stay on asyncpg, whose pool checks (`engines.py`) and URL
+parameters are asyncpg's."""
 
 
 def _supported() -> str:
     return ', '.join(f'{name} ({name}+{driver}://)' for name, driver in sorted(SUPPORTED_DRIVERS.items()))
+
+
+def _shared() -> str:
+    return ', '.join(
+        f'{name} ({", ".join(f"{name}+{driver}://" for driver in drivers)})'
+        for name, drivers in sorted(SHARED_DRIVERS.items())
+    )
 
 
 def redact(url: str | URL) -> str:
@@ -36,15 +52,34 @@ def redact(url: str | URL) -> str:
     return redact_url(url if isinstance(url, str) else url.render_as_string(hide_password=False))
 
 
-def check_dialect(dialect_name: str, driver: str, *, where: str) -> None:
-    """Raise `ValueError` unless `dialect_name`/`driver` is a supported pair; `where` names the source."""
+def check_dialect(dialect_name: str, driver: str, *, where: str, shared: bool = False) -> None:
+    """Raise `ValueError` unless `dialect_name`/`driver` is a supported pair; `where` names the source.
+
+    `shared`: the driver of an application's engine, connection or session (`SHARED_DRIVERS`), rather
+    than of a URL the store builds its own engine from (`SUPPORTED_DRIVERS`).
+    """
+    supported = _shared() if shared else _supported()
     if dialect_name not in SUPPORTED_DRIVERS:
-        raise ValueError(f'unsupported database dialect {dialect_name!r} in {where}; supported: {_supported()}')
+        raise ValueError(f'unsupported database dialect {dialect_name!r} in {where}; supported: {supported}')
+    if shared:
+        if driver not in SHARED_DRIVERS[dialect_name]:
+            drivers = ' or '.join(map(repr, SHARED_DRIVERS[dialect_name]))
+            raise ValueError(
+                f'unsupported driver {driver!r} for {dialect_name} in {where}: the store needs an async driver, '
+                f'{drivers}; supported: {supported}'
+            )
+        return
     expected = SUPPORTED_DRIVERS[dialect_name]
     if driver != expected:
+        hint = ''
+        if driver in SHARED_DRIVERS[dialect_name]:
+            hint = (
+                f' (an engine the store builds from a URL uses {expected}; to use {driver}, pass your own '
+                f'AsyncEngine, AsyncConnection or AsyncSession)'
+            )
         raise ValueError(
             f'unsupported driver {driver!r} for {dialect_name} in {where}: the store needs the async driver '
-            f'{expected!r}; supported: {_supported()}'
+            f'{expected!r}{hint}; supported: {supported}'
         )
 
 

@@ -11,12 +11,15 @@ synchronous SQLAlchemy `Connection` inside a transaction). An executor runs it:
   run on worker threads from the executor's own `CapacityLimiter`, so media stores or other
   stores using threads cannot starve it. A database with a single connection (`:memory:`, a
   caller's `sqlite3` connection) runs every operation on the writer thread.
-- `AsyncExecutor` (PostgreSQL through asyncpg, and any application's `AsyncEngine` or
-  `AsyncConnection`): on an engine, the whole transaction (checkout, `BEGIN`, the function,
-  `COMMIT`, check-in) runs on the engine's synchronous facade in one greenlet
+- `AsyncExecutor` (PostgreSQL through asyncpg, and any application's `AsyncEngine`,
+  `AsyncConnection` or `AsyncSession`): on an engine, the whole transaction (checkout, `BEGIN`,
+  the function, `COMMIT`, check-in) runs on the engine's synchronous facade in one greenlet
   (`sqlalchemy.util.greenlet_spawn`, what `AsyncConnection.run_sync` uses); on a caller's
   connection, the function runs through `run_sync` inside the caller's transaction (never
-  committed, rolled back or closed here). On SQLite (aiosqlite) a cancelled caller waits for
+  committed, rolled back or closed here); on a caller's session, on the connection of the
+  session's current transaction (`await session.connection()`, which begins one if none is
+  open), the same way. An application's engine may be asyncpg or psycopg 3: on it every
+  statement runs through Core. On SQLite (aiosqlite) a cancelled caller waits for
   its operation to finish, as a thread cannot be interrupted either: aiosqlite's connections
   do not survive an interrupted statement (SQLAlchemy closes them, and that close can leave a
   task the event loop waits for forever at shutdown).
@@ -37,7 +40,7 @@ import anyio
 import anyio.to_thread
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql import Executable
 from sqlalchemy.util import greenlet_spawn
@@ -51,6 +54,11 @@ __all__ = ['AsyncExecutor', 'Executor', 'ThreadExecutor', 'Transaction']
 
 T = TypeVar('T')
 
+_PRESERVE_ROWCOUNT: Mapping[str, Any] = {'preserve_rowcount': True}
+"""Every statement keeps its row count after its cursor closes: the store counts the rows an `INSERT ... SELECT`
+wrote (0: the run is not registered), and psycopg 3's cursor forgets it when SQLAlchemy closes a result
+without rows (asyncpg's and sqlite3's do not)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Transaction:
@@ -58,7 +66,8 @@ class Transaction:
 
     connection: Connection
     options: Mapping[str, Any]
-    """Execution options for each statement (a PostgreSQL schema's `schema_translate_map`)."""
+    """Execution options for each statement (a PostgreSQL schema's `schema_translate_map`, and
+    `preserve_rowcount`)."""
     driver: Any = None
     """The DBAPI connection under `connection`, when `Prepared` statements may run on it directly."""
 
@@ -126,7 +135,7 @@ def _with_transaction(
     """`operation` on `connection`, already in its transaction; with `direct` (and no options), `Prepared`
     statements run on the DBAPI connection."""
     driver = connection.connection.dbapi_connection if direct and not options else None
-    return operation(Transaction(connection, options, driver))
+    return operation(Transaction(connection, {**options, **_PRESERVE_ROWCOUNT}, driver))
 
 
 def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[str, Any], *, direct: bool = True) -> T:
@@ -135,20 +144,22 @@ def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[st
 
 
 class AsyncExecutor:
-    """Transactions on an `AsyncEngine`, or statements in the transaction of a caller's `AsyncConnection`.
+    """Transactions on an `AsyncEngine`, or statements in the transaction of a caller's `AsyncConnection` or
+    `AsyncSession`.
 
     `direct`: the store built the engine itself, so `Prepared` statements may run on its DBAPI
     connections (an application's engine or connection keeps every statement in Core's sight).
     """
 
-    def __init__(self, bind: AsyncEngine | AsyncConnection, *, direct: bool = False) -> None:
+    def __init__(self, bind: AsyncEngine | AsyncConnection | AsyncSession, *, direct: bool = False) -> None:
         self._bind = bind
         self._direct = direct
         engine = bind if isinstance(bind, AsyncEngine) else None
         single_connection = engine is None or isinstance(engine.pool, StaticPool)
         self._serial = asyncio.Lock() if single_connection else None
-        """Held for every operation when there is only one connection to share."""
-        sqlite = bind.dialect.name == 'sqlite'
+        """Held for every operation when there is only one connection (or one session) to share."""
+        dialect = bind.sync_session.get_bind().dialect if isinstance(bind, AsyncSession) else bind.dialect
+        sqlite = dialect.name == 'sqlite'
         self._writer = asyncio.Lock() if sqlite and not single_connection else None
         """SQLite admits one writer at a time: this process's writers queue here."""
         self._uninterruptible = sqlite
@@ -162,6 +173,11 @@ class AsyncExecutor:
     async def _run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
         writer = self._writer if write else None
         async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
+            if isinstance(self._bind, AsyncSession):
+                # The connection of the session's current transaction (begun now if none is open): after
+                # the application commits, the next operation runs in the session's next transaction.
+                connection = await self._bind.connection()
+                return await connection.run_sync(partial(_with_transaction, operation, options, direct=False))
             if isinstance(self._bind, AsyncConnection):
                 return await self._bind.run_sync(partial(_with_transaction, operation, options, direct=self._direct))
             # The whole transaction (checkout, BEGIN, the operation, COMMIT, check-in) in one greenlet,
