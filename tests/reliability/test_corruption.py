@@ -8,6 +8,7 @@ corrupt them) or shared media (see tests/media for digests that no longer match)
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from functools import partial
@@ -127,8 +128,10 @@ FILES = [
     'events.jsonl',
     'tool_effects.jsonl',
     'snapshots.jsonl',
-    'messages.jsonl',
     'snapshots/3.json',
+    'line/messages.jsonl',
+    'line/line.json',
+    'line/line.lock',  # like run.lock: only a token
 ]
 file_damage = st.tuples(
     st.sampled_from(FILES),
@@ -142,7 +145,12 @@ async def test_damaged_files_are_skipped_and_other_runs_untouched(tmp_path: Path
 
     def damage(run_id: str, value: tuple[str, float, bytes]) -> None:
         name, where, garbage = value
-        path = tmp_path / 'store' / run_id / name
+        run = tmp_path / 'store' / run_id
+        if name.startswith('line/'):  # a file of the history line the run's snapshots are on
+            newest = json.loads((run / 'snapshots.jsonl').read_bytes().splitlines()[-1])
+            path = tmp_path / 'store' / '@lines' / newest['view']['line'] / name.removeprefix('line/')
+        else:
+            path = run / name
         data = path.read_bytes()
         offset = int(where * len(data))
         path.write_bytes(data[:offset] + garbage + (data[offset + len(garbage) :] if garbage else b''))

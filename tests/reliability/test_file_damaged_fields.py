@@ -2,7 +2,8 @@
 
 `test_corruption.py` writes random bytes, which mostly breaks a line's JSON. This goes one field at a
 time through every file of a run (`run.json`, `events.jsonl`, `tool_effects.jsonl`,
-`snapshots.jsonl`, `snapshots/<seq>.json`, `messages.jsonl`), with values the store would never write:
+`snapshots.jsonl`, `snapshots/<seq>.json`, and its history line's `messages.jsonl`), with values the
+store would never write:
 after the damage every listing still works, the healthy records of the run are all there, what was
 skipped was logged, `get_*` return a record or raise `ValueError`, later writes to the run work, and
 another run of the store reads back unchanged.
@@ -56,6 +57,12 @@ async def write_victim(store: FileStepStore) -> None:
         await store.record_tool_effect(
             ToolEffectRecord(run_id='victim', tool_call_id=call_id, tool_name='t', status=status)
         )
+
+
+def messages_of(root: Path, run_id: str) -> Path:
+    """The `messages.jsonl` of the history line the run's newest snapshot is on."""
+    newest = json.loads((root / run_id / 'snapshots.jsonl').read_bytes().splitlines()[-1])
+    return root / '@lines' / newest['view']['line'] / 'messages.jsonl'
 
 
 def set_field(value: dict[str, Any], path: tuple[str, ...], new: Any) -> None:
@@ -135,7 +142,7 @@ async def test_one_damaged_field_never_hides_the_rest(
     writer = FileStepStore(tmp_path, fsync=False)
     unchanged = await write_sentinel(writer)
     await write_victim(writer)
-    path = tmp_path / 'victim' / name
+    path = messages_of(tmp_path, 'victim') if name == 'messages.jsonl' else tmp_path / 'victim' / name
     if line is None:
         damage_file(path, field, new)
     else:
