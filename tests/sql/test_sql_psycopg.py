@@ -10,12 +10,14 @@ the same errors, and a cancelled operation leaves nothing behind.
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelRequest, UserPromptPart
-from sqlalchemy import event, func, select, text
+from sqlalchemy import event, func, inspect, select, text
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, create_async_engine
 
@@ -254,3 +256,49 @@ async def test_a_url_names_the_driver_the_store_builds_and_how_to_share_psycopg(
     with pytest.raises(ValueError, match=hint) as raised:
         SqlStepStore('postgresql+psycopg://app:hunter2@db.example/runs')
     assert 'hunter2' not in str(raised.value)
+
+
+async def test_a_psycopg_engine_keeps_the_store_in_its_schema(databases: PsycopgDatabases) -> None:
+    name = await databases.server.create_database()  # not migrated: the store creates the schema and its tables
+    databases.names.append(name)
+    engine = databases.engine(name)
+    async with PostgresStepStore(engine, schema='steps') as store:
+        await write_a_run(store, 'scoped')
+        assert len(await store.list_snapshots(run_id='scoped')) == 1
+    async with engine.connect() as connection:
+        tables = await connection.run_sync(lambda sync: inspect(sync).get_table_names(schema='steps'))
+        public = await connection.run_sync(lambda sync: inspect(sync).get_table_names())
+    assert {'runs', 'events', 'snapshots', 'messages', 'media'} <= set(tables)
+    assert public == [], 'nothing of the store outside its schema'
+
+
+_WITHOUT_ASYNCPG = """
+import asyncio, sys
+sys.modules['asyncpg'] = None  # importing asyncpg now raises ImportError
+from sqlalchemy.ext.asyncio import create_async_engine
+from step_persistence import RunRecord, SqlStepStore
+
+async def main():
+    engine = create_async_engine(sys.argv[1])
+    async with SqlStepStore(engine) as store:
+        await store.register_run(RunRecord(run_id='no-asyncpg'))
+        print([run.run_id for run in await store.list_runs()])
+    await engine.dispose()
+
+asyncio.run(main())
+"""
+
+
+def test_a_psycopg_engine_needs_no_asyncpg(postgres_server: PostgresServer) -> None:
+    name = asyncio.run(postgres_server.create_database(template=asyncio.run(migrated_template(postgres_server))))
+    try:
+        completed = subprocess.run(
+            [sys.executable, '-c', _WITHOUT_ASYNCPG, psycopg_url(postgres_server, name)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert completed.returncode == 0, completed.stderr
+        assert completed.stdout.strip() == "['no-asyncpg']"
+    finally:
+        asyncio.run(postgres_server.drop_database(name))
