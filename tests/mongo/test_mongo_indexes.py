@@ -67,7 +67,7 @@ async def test_indexes_are_created_once_on_the_first_write(mongo_server: MongoSe
         assert keyed['unique'] and keyed['partialFilterExpression'] == {'idempotency_key': {'$type': 'string'}}
     snapshots = await db['snapshots'].index_information()
     assert snapshots['run_state_seq']['key'] == [('run_id', 1), ('state', 1), ('seq', 1)]
-    assert snapshots['line']['key'] == [('line', 1)]
+    assert snapshots['line_through']['key'] == [('line', 1), ('through_message', 1)]
     assert snapshots['history_digest']['key'] == [('history_digest', 1), ('run_id', 1), ('seq', 1)]
     effects = await db['tool_effects'].index_information()
     assert effects['run_tool_call']['unique'] and effects['run_status']['key'] == [('run_id', 1), ('status', 1)]
@@ -75,6 +75,7 @@ async def test_indexes_are_created_once_on_the_first_write(mongo_server: MongoSe
     assert messages['line_no']['key'] == [('line', 1), ('no', 1)] and messages['line_no']['unique']
     assert messages['line_no']['partialFilterExpression'] == {'line': {'$type': 'string'}}
     assert messages['line_position_no']['key'] == [('line', 1), ('position', 1), ('no', -1)]
+    assert messages['line_no_position']['key'] == [('line', 1), ('no', 1), ('position', 1)]
     conversations = await db['conversations'].index_information()
     assert conversations['last_started']['key'] == [('last.at', 1), ('last.us', 1), ('_id', 1)]
     assert 'lines' not in await db.list_collection_names(), 'no branch: no lines collection'

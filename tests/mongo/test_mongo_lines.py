@@ -258,3 +258,35 @@ async def test_a_replayed_snapshot_leaves_no_head_on_versions_no_snapshot_names(
     third = said('a', 'b', 'd')
     await store.save_snapshot(snap('run', 3, third))
     assert await reads(scratch, database, 'run') == [dump(first), dump(second), dump(third)]
+
+
+async def test_deleting_a_chat_newest_first_judges_only_each_turns_own_versions(
+    mongo_server: MongoServer, scratch: Scratch
+) -> None:
+    database = scratch.fresh_database()
+    store = store_in(scratch, database, media_store=None)
+    throughs = []
+    for turn in range(5):
+        previous = None if turn == 0 else origin(f'turn-{turn - 1}', 1)
+        await store.register_run(RunRecord(run_id=f'turn-{turn}', conversation_id='c', origin=previous))
+        await store.save_snapshot(snap(f'turn-{turn}', 1, said(*[f'message {n}' for n in range(2 * turn + 2)])))
+        throughs.append(2 * turn + 2)
+    log = CommandLog()
+    client = log.client(mongo_server.uri)
+    try:
+        deleting = MongoStepStore(client=client, database=database, media_store=None)
+        for turn in reversed(range(1, 5)):
+            log.commands.clear()
+            await deleting.delete_run(run_id=f'turn-{turn}')
+            [read] = [
+                command['filter']
+                for name, collection, command in log.commands
+                if (name, collection) == ('find', 'messages')
+            ]
+            assert read['no'] == {'$gt': throughs[turn - 1], '$lt': throughs[turn] + 1}
+            assert await reads(scratch, database, f'turn-{turn - 1}') == [
+                dump(said(*[f'message {n}' for n in range(2 * turn)]))
+            ]
+    finally:
+        await client.close()
+    assert await scratch.client[database]['messages'].count_documents({'reclaimed': {'$exists': False}}) == 2

@@ -79,7 +79,7 @@ STEP_INDEXES: Final[Mapping[str, Sequence[IndexModel]]] = {
         IndexModel(_on('run_id', 'seq'), name='run_seq', unique=True),
         IndexModel(_on('run_id', 'state', 'seq'), name='run_state_seq'),
         _idempotency(),
-        IndexModel(_on('line'), name='line'),
+        IndexModel(_on('line', 'through_message'), name='line_through'),
         IndexModel(_on('history_digest', 'run_id', 'seq'), name='history_digest'),
     ],
     'tool_effects': [
@@ -94,6 +94,7 @@ STEP_INDEXES: Final[Mapping[str, Sequence[IndexModel]]] = {
             partialFilterExpression={'line': {'$type': 'string'}},
         ),
         IndexModel([('line', ASCENDING), ('position', ASCENDING), ('no', DESCENDING)], name='line_position_no'),
+        IndexModel(_on('line', 'no', 'position'), name='line_no_position'),
     ],
 }
 """Per collection of `MongoStepStore`, the indexes it creates on its first write (`counters` needs only `_id`).

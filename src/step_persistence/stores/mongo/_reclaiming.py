@@ -144,9 +144,14 @@ async def _release(messages: Any, line: str, versions: list[_Version]) -> int:
 async def release_lines(database: Database, run_id: str) -> None:
     """Release the message documents of the lines run `run_id`'s snapshots are on, as if those snapshots were gone.
 
-    Call before the run's snapshots are deleted, so that an interrupted delete can be run again.
+    On a line still in use, only the versions numbered above the newest remaining view at or below
+    the run's highest `through` there are judged: the ones that view reaches were judged when the
+    views using them went (what only the deleted run used below it, after a rewound history, waits
+    for `collect_media`). So deleting a chat's newest turn reads that turn's documents only, and
+    deleting a conversation newest first is linear. Call before the run's snapshots are deleted, so
+    that an interrupted delete can be run again.
     """
-    messages, snapshots, lines = database['messages'], database['snapshots'], database['lines']
+    snapshots = database['snapshots']
     bounds: dict[str, int] = {}
     async for document in snapshots.find({'run_id': run_id}, _VIEW_FIELDS):
         view = _view(document)
@@ -155,29 +160,47 @@ async def release_lines(database: Database, run_id: str) -> None:
     queue = list(bounds.items())
     while queue:
         line, bound = queue.pop()
-        uses = [
-            (view.length, view.through)
-            async for document in snapshots.find(line_snapshots(line), _VIEW_FIELDS)
-            if document.get('run_id') != run_id and (view := _view(document)) is not None and view.line == line
+        bases = [
+            base
+            async for document in database['lines'].find({'base.line': line}, {'base': 1})
+            if (base := _readable_base(document)) is not None
         ]
-        async for document in lines.find({'base.line': line}, {'base': 1}):
-            base = _readable_base(document)
-            if base is not None:
-                uses.append((base.length, base.through))
-        if uses:
-            versions = [
-                version
-                async for document in messages.find(line_key(line), {'line': 1, 'position': 1, 'no': 1, 'reclaimed': 1})
-                if on_line(document, line)
-                and 'reclaimed' not in document
-                and (version := _version(document)) is not None
-                and version.no <= bound
-            ]
-            await _release(messages, line, unused(versions, uses))
+        below = await _newest_view_up_to(snapshots, line, bound, besides=run_id)
+        floor = max([below or 0, *(base.through for base in bases if base.through <= bound)])
+        uses = [(base.length, base.through) for base in bases if base.through > floor]
+        async for document in snapshots.find({**line_snapshots(line), 'through_message': {'$gt': floor}}, _VIEW_FIELDS):
+            view = _view(document)
+            if document.get('run_id') != run_id and view is not None and view.line == line:
+                uses.append((view.length, view.through))
+        if uses or below is not None or bases:
+            await _release_above(database['messages'], line, floor, bound, uses)
             continue
-        base = await _remove_line(database, line)
-        if base is not None:
-            queue.append((str(base.line), base.through))
+        removed = await _remove_line(database, line)
+        if removed is not None:
+            queue.append((str(removed.line), removed.through))
+
+
+async def _newest_view_up_to(snapshots: Any, line: str, bound: int, *, besides: str) -> int | None:
+    """The highest `through` at most `bound` of a view on `line` that is not run `besides`'s (`None`: none)."""
+    query = {**line_snapshots(line), 'through_message': {'$lte': bound}}
+    async for document in snapshots.find(query, _VIEW_FIELDS).sort('through_message', -1):
+        view = _view(document)
+        if document.get('run_id') != besides and view is not None and view.line == line:
+            return view.through
+    return None
+
+
+async def _release_above(messages: Any, line: str, floor: int, bound: int, uses: list[Use]) -> None:
+    """Reclaim the versions of `line` numbered in `(floor, bound]` that none of `uses` reads."""
+    if floor >= bound:
+        return
+    query = {**line_key(line), 'no': {'$gt': floor, '$lt': bound + 1}}  # not `$lte`: see docs/mongo.md, testing
+    versions = [
+        version
+        async for document in messages.find(query, {'line': 1, 'position': 1, 'no': 1, 'reclaimed': 1})
+        if on_line(document, line) and 'reclaimed' not in document and (version := _version(document)) is not None
+    ]
+    await _release(messages, line, unused(versions, uses))
 
 
 def _readable_base(document: dict[str, Any]) -> LineBase | None:
