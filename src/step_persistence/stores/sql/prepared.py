@@ -7,9 +7,9 @@ Core statement, built from the schema like every other, that the store compiles 
 parameter names and then executes with a cursor of the DBAPI connection under the store's
 connection (`sqlite3`, or SQLAlchemy's adapted asyncpg connection inside `run_sync`),
 converting each value with the same bind processor Core would apply: the same SQL text, the
-same values, the same cursor call Core would end in. On an application's engine or connection,
-or with execution options (a PostgreSQL schema's `schema_translate_map`), the same Core
-statement runs through Core.
+same values, the same cursor call Core would end in. On an application's engine, connection or
+session (asyncpg or psycopg 3), or with execution options (a PostgreSQL schema's
+`schema_translate_map`), the same Core statement runs through Core.
 
 A statement qualifies for the driver only if its compiled form is positional, expands no
 parameter lists, and returns no column whose type converts values on the way out; otherwise it
