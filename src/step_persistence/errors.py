@@ -25,6 +25,7 @@ _DATABASE_ERRORS = {
     ('pymongo.errors', 'PyMongoError'),
     ('asyncpg.exceptions._base', 'PostgresError'),
     ('asyncpg.exceptions._base', 'InterfaceError'),
+    ('psycopg', 'Error'),
 }
 """Driver errors (matched by module and name: drivers are optional) that a database raised."""
 
@@ -34,9 +35,10 @@ def classify_error(error: BaseException) -> ErrorKind:
 
     Unreachable: an OS-level connection failure (refused, timed out, no route, a file store
     directory that cannot be used), a connection SQLAlchemy invalidated, a PostgreSQL connection
-    or authentication failure, a MongoDB connection failure or server selection timeout, or
-    SQLite's "unable to open database file". Any other driver error (a locked database, a missing
-    table, a refused statement) is a database error.
+    or authentication failure (psycopg's failures to connect carry no SQLSTATE), a MongoDB
+    connection failure or server selection timeout, or SQLite's "unable to open database file".
+    Any other driver error (a locked database, a missing table, a refused statement) is a database
+    error.
     """
     chain = _causes(error)
     for cause in chain:
@@ -53,6 +55,8 @@ def classify_error(error: BaseException) -> ErrorKind:
             return 'unreachable'  # AuthenticationFailed
         if _is_a(cause, 'sqlite3', 'OperationalError') and _SQLITE_CANNOT_OPEN in str(cause):
             return 'unreachable'
+        if _is_a(cause, 'psycopg', 'OperationalError') and sqlstate is None:
+            return 'unreachable'  # psycopg's failure to connect carries no SQLSTATE and no OSError
     if any(_is_a(cause, module, name) for cause in chain for module, name in _DATABASE_ERRORS):
         return 'database'
     return 'other'

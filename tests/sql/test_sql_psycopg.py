@@ -213,11 +213,6 @@ async def test_a_nul_character_is_refused_with_nothing_written(databases: Psycop
     assert await row_counts(engine) == [1, 0, 0, 0, 0, 0]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason='errors.classify_error does not know psycopg: a connection failure is a psycopg.OperationalError '
-    'without SQLSTATE or OSError in its chain, and is called a database error',
-)
 async def test_an_unreachable_server_is_classified_unreachable() -> None:
     engine = create_async_engine(f'postgresql+psycopg://postgres@127.0.0.1:{free_port()}/runs')  # nobody listens
     try:
