@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
 
     from step_persistence.protocol import StepStore
 
-__all__ = ['from_spec', 'postgres_location', 'redact_url', 'supported_backends']
+__all__ = ['from_spec', 'local_path', 'postgres_location', 'redact_url', 'supported_backends']
 
 POSTGRES_SCHEMES = ('postgresql', 'postgres')
 """URL schemes naming PostgreSQL: `postgres://` is what hosted PostgreSQL services put in `DATABASE_URL`."""
@@ -27,14 +28,20 @@ def _memory(url: str | None, options: dict[str, Any]) -> StepStore:
     return InMemoryStepStore(**options)
 
 
+def _file_directory(url: str) -> str:
+    """The directory a `file://` URL names (`ValueError` if none)."""
+    directory = unquote(url.split('://', 1)[1])
+    if not directory:
+        raise ValueError(f'the file URL {url!r} names no directory')
+    return directory
+
+
 def _file(url: str | None, options: dict[str, Any]) -> StepStore:
     """`file:///absolute/dir` or `file://relative/dir`, or the name `'file'` with `directory=`."""
     from step_persistence.stores.file import FileStepStore
 
     if url is not None:
-        directory = unquote(url.split('://', 1)[1])
-        if not directory:
-            raise ValueError(f'the file URL {url!r} names no directory')
+        directory = _file_directory(url)
         if 'directory' in options:
             raise ValueError('give the file store its directory in the URL or as directory=, not both')
         options = {**options, 'directory': directory}
@@ -138,6 +145,26 @@ _URL_SCHEMES: dict[str, str] = {
     'postgres': 'postgres',
     'mongodb': 'mongo',
 }
+
+
+def local_path(url: str) -> Path | None:
+    """The file or directory on this machine that the store at `url` lives in, whether or not it exists:
+    a SQLite database's file, a file store's directory; `None` for any other store (in memory, on a
+    server, SQLite's `sqlite://` in memory) and for a backend name without a URL.
+
+    Creates nothing, so that a command can refuse a location that does not exist before opening it.
+    Raises `ValueError` for a SQLite or file URL that names no location `from_spec` would accept.
+    """
+    scheme = url_scheme(url)
+    name = _URL_SCHEMES.get(scheme) if scheme is not None else None
+    if name == 'file':
+        return Path(_file_directory(url))
+    if name == 'sqlite':
+        from step_persistence.stores.sql.sqlite import database_from_url
+
+        database = database_from_url(url)
+        return None if database == ':memory:' else Path(database)
+    return None
 
 
 def supported_backends() -> list[str]:

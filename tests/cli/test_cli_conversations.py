@@ -136,6 +136,7 @@ async def test_conversations_are_listed_by_their_newest_run(chat_url: str) -> No
 
 async def test_an_empty_store_has_no_conversations(tmp_path: Path) -> None:
     url = f'sqlite:///{tmp_path / "empty.db"}'
+    cli('db', 'upgrade', '--store', url)  # an empty store (one that does not exist is refused: exit 4)
     assert cli('conversations', 'list', '--store', url).stdout.strip() == 'No conversations.'
     assert as_json('conversations', 'list', '--store', url) == []
 

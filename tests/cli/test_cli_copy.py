@@ -226,6 +226,7 @@ async def test_copy_runs_in_process_keeps_order_and_reports_each_run() -> None:
 
 def test_copy_errors(tmp_path: Path) -> None:
     store = f'file://{tmp_path / "A"}'
+    (tmp_path / 'A').mkdir()  # an empty store (reading one that does not exist is refused: exit 4)
     bad = cli('copy', 'oracle://scott:tiger@db/x', store, expect=2)
     assert 'oracle' in bad.stderr and 'tiger' not in bad.stderr
     assert 'nope' in cli('copy', store, f'file://{tmp_path / "B"}', '--run', 'nope', expect=3).stderr

@@ -32,8 +32,21 @@ def db(*args: str, expect: int = 0) -> Any:
     return json.loads(cli('db', *args, '--json', expect=expect).stdout)
 
 
+def refuse_a_missing_file(store: str) -> None:
+    """Only `db upgrade` creates a SQLite file: the other commands refuse one that does not exist (exit 4),
+    which then holds an empty database."""
+    path = Path(store.removeprefix('sqlite:///'))
+    for command in ('current', 'downgrade base', 'stamp head'):
+        refused = cli('db', *command.split(), '--store', store, expect=4)
+        assert f'no SQLite database at {path}' in refused.stderr, command
+    assert not path.exists()
+    path.touch()
+
+
 async def test_upgrade_current_downgrade_and_stamp_a_fresh_database(empty_database: EmptyDatabase) -> None:
     store = plain(empty_database.url)
+    if empty_database.dialect == 'sqlite':
+        refuse_a_missing_file(store)
     assert db('current', '--store', store) == {'revision': None, 'head': HEAD}
 
     upgraded = cli('db', 'upgrade', '--store', store).stdout
@@ -78,6 +91,7 @@ def test_errors_have_exit_codes(tmp_path: Path) -> None:
     assert 'downgrade target' in cli('db', 'downgrade', 'head', '--store', store, expect=2).stderr
 
     stamped = f'sqlite:///{tmp_path / "stamped.db"}'
+    (tmp_path / 'stamped.db').touch()
     assert db('stamp', '0001', '--store', stamped)['revision'] == '0001'
     assert 'rolled back' in cli('db', 'upgrade', '--store', stamped, expect=1).stderr
     assert db('current', '--store', stamped)['revision'] == '0001'

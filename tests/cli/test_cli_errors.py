@@ -80,6 +80,7 @@ def test_sqlite_that_cannot_be_opened_is_unreachable(tmp_path: Path) -> None:
 
 
 async def test_missing_tables_are_a_database_error(tmp_path: Path, postgres_database: EmptyDatabase) -> None:
+    (tmp_path / 'empty.db').touch()  # a file that does not exist holds nothing: reading it finds nothing
     async with SqliteStepStore(tmp_path / 'empty.db', auto_migrate=False) as sqlite_store:
         sqlite_error = await caught_async(sqlite_store.list_runs)
     async with PostgresStepStore(postgres_database.url, auto_migrate=False) as postgres_store:
@@ -123,6 +124,7 @@ def test_run_gives_each_its_exit_code(tmp_path: Path, capsys: pytest.CaptureFixt
 def test_console_script_reports_a_database_without_tables(tmp_path: Path) -> None:
     """A database stamped at the newest revision but holding no tables: not an unreachable server."""
     store = f'sqlite:///{tmp_path / "stamped.db"}'
+    (tmp_path / 'stamped.db').touch()  # only `db upgrade` creates a database file
     console_script('db', 'stamp', 'head', '--store', store)
     for command in (['runs', 'list'], ['prune', '--older-than', '1d'], ['copy', store, f'file://{tmp_path / "A"}']):
         args = [*command, '--store', store] if command[0] != 'copy' else command

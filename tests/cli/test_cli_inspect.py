@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from step_persistence import RunRecord, from_spec
 from support.backends import BACKENDS, BackendSession, spec_of
 from support.console_script import cli
 
@@ -99,7 +100,10 @@ async def test_inspection_commands_on_every_store(cli_session: BackendSession) -
 
 
 async def test_errors_are_clear_and_have_exit_codes(cli_session: BackendSession) -> None:
-    store = store_url(spec_of(cli_session))
+    spec = spec_of(cli_session)
+    async with from_spec(**spec) as opened:  # a store that exists (reading a missing one is refused: exit 4)
+        await opened.register_run(RunRecord(run_id='some-run'))
+    store = store_url(spec)
     missing = cli('runs', 'show', 'no-such-run', '--store', store, expect=3)
     assert 'no-such-run' in missing.stderr and missing.stdout == ''
     cli('runs', 'tree', 'no-such-run', '--store', store, expect=3)

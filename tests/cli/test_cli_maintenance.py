@@ -92,7 +92,10 @@ async def test_prune_and_gc_on_every_store(session: BackendSession) -> None:
 
 
 async def test_errors(session: BackendSession) -> None:
-    store = store_url(spec_of(session))
+    spec = spec_of(session)
+    async with from_spec(**spec) as opened:  # a store that exists (a missing one is refused: exit 4)
+        await opened.register_run(RunRecord(run_id='kept', agent_name='worker'))
+    store = store_url(spec)
     assert 'duration' in cli('prune', '--store', store, '--older-than', 'soon', expect=2).stderr
     assert 'unknown --status' in cli('prune', '--store', store, '--older-than', '1d', '--status', 'ok', expect=2).stderr
     assert (

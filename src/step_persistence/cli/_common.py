@@ -17,12 +17,13 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime, timedelta
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
-from step_persistence._urls import redact_text, redact_url
+from step_persistence._urls import redact_text, redact_url, url_scheme
 
 if TYPE_CHECKING:
     from rich.console import Console, RenderableType
@@ -47,6 +48,7 @@ __all__ = [
     'escape',
     'fail',
     'json_timestamp',
+    'missing_location',
     'open_store',
     'out',
     'parse_duration',
@@ -74,6 +76,8 @@ EXIT_FAILED = 1
 
 DEFAULT_STORE = 'sqlite:///runs.db'
 STORE_ENV = 'STEP_PERSISTENCE_STORE'
+STORE_GIVEN_AS = f'--store (or {STORE_ENV})'
+"""Where a command's store URL comes from, as messages name it."""
 
 RunStatusName = Literal['running', 'completed', 'failed', 'crashed']
 """`step_persistence.records.RunStatus`, spelled here so that defining `--status` imports no records
@@ -254,16 +258,71 @@ def parse_since(text: str | None) -> datetime | None:
 
 
 @asynccontextmanager
-async def open_store(url: str) -> AsyncIterator[StepStore]:
-    """Open the store at `url`; exit with a clear message if the URL is invalid."""
-    from step_persistence.spec import from_spec
+async def open_store(url: str, *, create: bool = False, given_as: str = STORE_GIVEN_AS) -> AsyncIterator[StepStore]:
+    """Open the store at `url`; exit with a clear message if the URL is invalid.
+
+    Reading never writes: unless `create` (the destination of `copy`, which may be created or
+    upgraded like any write), the store must exist. A SQLite file or a file store's directory
+    that does not exist, or a SQL database without the store's tables, is refused with
+    `EXIT_UNREACHABLE` before anything is read, and tables at an older revision with
+    `EXIT_DATABASE` and the upgrade to run; nothing is created or migrated. `given_as`: where the
+    URL came from, for the messages.
+    """
+    from step_persistence.spec import from_spec, local_path
 
     try:
         store = from_spec(url)
+        location = local_path(url)
     except (ValueError, ImportError) as error:
         fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
+    if not create and location is not None and not location.exists():
+        fail(missing_location(url, location, given_as), EXIT_UNREACHABLE)
     async with store:
+        sql = sys.modules.get('step_persistence.stores.sql.database_store')
+        if sql is not None and isinstance(store, sql.DatabaseStore):
+            if create:
+                await store.ready_database(write=True)
+            else:
+                await _require_schema(store, url, given_as)
         yield store
+
+
+def missing_location(url: str, location: Path, given_as: str = STORE_GIVEN_AS) -> str:
+    """Why a store whose file or directory does not exist is refused, naming the path."""
+    shown = str(location) if location.is_absolute() else f'{location} (in {Path.cwd()})'
+    if url_scheme(url) == 'file':
+        return (
+            f'no file store at {shown}: the directory does not exist; check {given_as}, '
+            'or let a write create it (a run, or `copy` to it)'
+        )
+    return (
+        f'no SQLite database at {shown}: the file does not exist; check {given_as}, '
+        f'or create it with `step-persistence db upgrade --store {redact_url(url)}`'
+    )
+
+
+async def _require_schema(store: Any, url: str, given_as: str) -> None:
+    """Exit unless the SQL store's tables are there at the newest revision (one query; nothing is created)."""
+    from step_persistence.stores.sql.database_store import SchemaNotReadyError
+
+    try:
+        ready = await store.has_schema()
+    except SchemaNotReadyError as error:
+        fail(_schema_message(error, url), EXIT_DATABASE)
+    if not ready:
+        fail(
+            f'{redact_url(url)} holds no step-persistence tables (nothing was stored there): check {given_as}, '
+            f'or create them with `step-persistence db upgrade --store {redact_url(url)}`',
+            EXIT_UNREACHABLE,
+        )
+
+
+def _schema_message(error: Any, url: str | None) -> str:
+    """A `SchemaNotReadyError` as the command line says it: the `db upgrade` to run, for this store."""
+    if not error.upgradable:
+        return str(error)
+    where = '' if url is None else f' --store {redact_url(url)}'
+    return f'{error.problem}: run `step-persistence db upgrade{where}`, then run this command again'
 
 
 CANDIDATES_SHOWN = 10
@@ -319,6 +378,9 @@ def run(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     except UsageError as error:
         fail(str(error), EXIT_USAGE)
     except Exception as error:
+        schema = sys.modules.get('step_persistence.stores.sql.database_store')
+        if schema is not None and isinstance(error, schema.SchemaNotReadyError):
+            fail(_schema_message(error, None), EXIT_DATABASE)
         kind = classify_error(error)
         if kind == 'unreachable':
             fail(f'cannot reach the store: {redact_text(str(error))}', EXIT_UNREACHABLE)

@@ -56,17 +56,23 @@ def copy(
 ) -> None:
     """Copy every run (records, events, tool effects, snapshots and their media) from SOURCE to DESTINATION.
 
-    Idempotent: runs already at the destination are skipped, a partial copy left by an
-    interrupted run of this command is replaced, and a run the destination holds differently
-    is reported and left alone (exit code 1).
+    SOURCE must exist and is only read. DESTINATION is created if missing (a SQL one is created or
+    upgraded to the newest schema first). Idempotent: runs already at the destination are skipped,
+    a partial copy left by an interrupted run of this command is replaced, and a run the
+    destination holds differently is reported and left alone (exit code 1).
     """
 
     async def main() -> CopyReport:
         from step_persistence.cli._common import resolve_run_id
         from step_persistence.copying import copy_runs
 
-        async with open_store(source) as from_store, open_store(destination) as to_store:
-            await to_store.get_run(run_id='reachable')  # an unreachable destination fails before any work
+        # The source is only read: it must exist, and nothing is created or migrated there. The destination
+        # is written: a SQL one is created or upgraded first (so an unreachable one fails before any work).
+        async with (
+            open_store(source, given_as='SRC') as from_store,
+            open_store(destination, create=True) as to_store,
+        ):
+            await to_store.get_run(run_id='reachable')
             chosen = [await resolve_run_id(from_store, given) for given in run_ids or ()]
             total = len(set(chosen)) if chosen else len(await from_store.list_runs())
             with _progress(enabled=not json_output and stderr().is_terminal) as progress:

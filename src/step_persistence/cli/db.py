@@ -15,6 +15,7 @@ import typer
 from step_persistence._urls import redact_text, redact_url, url_scheme
 from step_persistence.cli._common import (
     DEFAULT_STORE,
+    EXIT_UNREACHABLE,
     EXIT_USAGE,
     Command,
     Group,
@@ -22,6 +23,7 @@ from step_persistence.cli._common import (
     StoreOption,
     escape,
     fail,
+    missing_location,
     out,
     print_json,
     run,
@@ -62,8 +64,12 @@ EXIT_MIGRATION_FAILED = 1
 Action = Callable[['Database'], Awaitable[None]]
 
 
-def _database(url: str, schema: str | None) -> Database:
-    """The database at `url`, or a usage error for a URL that names no SQL store."""
+def _database(url: str, schema: str | None, *, create: bool) -> Database:
+    """The database at `url`, or a usage error for a URL that names no SQL store.
+
+    Only `db upgrade` (`create`) may create a SQLite file: the other commands refuse one that does
+    not exist (exit 4), as every read does.
+    """
     from step_persistence.spec import postgres_location
     from step_persistence.stores.sql.database import Database
 
@@ -83,9 +89,13 @@ def _database(url: str, schema: str | None) -> Database:
             if in_url is not None and schema not in (None, in_url):
                 fail(f'two schemas given: {in_url!r} in the URL and {schema!r} with --schema', EXIT_USAGE)
             schema = schema or in_url
-        return Database.from_url(target, schema=schema)
+        database = Database.from_url(target, schema=schema)
     except (ValueError, ImportError) as error:
         fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
+    if not create and database.sqlite_file is not None and not database.sqlite_file.exists():
+        run(database.aclose)
+        fail(missing_location(url, database.sqlite_file), EXIT_UNREACHABLE)
+    return database
 
 
 async def _attempt(action: Action, database: Database) -> tuple[str, int] | None:
@@ -110,11 +120,12 @@ async def _attempt(action: Action, database: Database) -> tuple[str, int] | None
     return None
 
 
-def _apply(url: str, schema: str | None, json_output: bool, action: Action | None) -> None:
-    """Run `action` on the database (if any), then print the revision it is at."""
+def _apply(url: str, schema: str | None, json_output: bool, action: Action | None, *, create: bool = False) -> None:
+    """Run `action` on the database (if any), then print the revision it is at; only with `create` (an
+    upgrade) may a SQLite file be created."""
     from step_persistence.stores.sql import migrate
 
-    database = _database(url, schema)
+    database = _database(url, schema, create=create)
 
     async def main() -> tuple[str | None, tuple[str, int] | None]:
         try:
@@ -150,7 +161,7 @@ def upgrade(
     """Create or upgrade the schema (tables and reporting views) to REVISION."""
     from step_persistence.stores.sql import migrate
 
-    _apply(store, schema, json_output, lambda database: migrate.upgrade(database, revision))
+    _apply(store, schema, json_output, lambda database: migrate.upgrade(database, revision), create=True)
 
 
 @app.command(cls=Command)

@@ -19,7 +19,7 @@ from sqlalchemy import and_, select
 from step_persistence._arguments import require_limit, require_text
 from step_persistence._reading import read_each, read_or_skip
 from step_persistence.media.protocol import MediaStore
-from step_persistence.reclaiming import MediaCollection
+from step_persistence.reclaiming import MediaCollection, validate_grace
 from step_persistence.records import (
     ContinuableSnapshot,
     ConversationSummary,
@@ -36,7 +36,7 @@ from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.sql import conversations, listing, reclaiming, rows
 from step_persistence.stores.sql import lifecycle as sql_lifecycle
 from step_persistence.stores.sql.database import Database, DatabaseTarget
-from step_persistence.stores.sql.database_store import DatabaseStore
+from step_persistence.stores.sql.database_store import DatabaseStore, SchemaNotReadyError
 from step_persistence.stores.sql.media_store import SqlMediaStore
 from step_persistence.stores.sql.schema import events, runs, tool_effects
 from step_persistence.stores.sql.snapshot_reads import SnapshotReads
@@ -60,8 +60,12 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
       the store never commits, rolls back or closes it (the caller does).
 
     `schema` (PostgreSQL only) puts the tables and the migration version table in that schema.
-    With `auto_migrate` (the default) the schema is created or upgraded on first use; otherwise
-    run `alembic upgrade head` (see docs/sql.md) or `await store.migrate()` first.
+    With `auto_migrate` (the default) the schema is created or upgraded before the first write;
+    otherwise run `step-persistence db upgrade` (see docs/sql.md) or `await store.migrate()` first.
+    Reading never writes: a read creates and migrates nothing. On a database that holds no tables
+    yet (a SQLite file that does not exist, a database or schema without them) reads find nothing;
+    on tables at an older revision they raise `SchemaNotReadyError`, naming the upgrade (see
+    `database_store.py`).
 
     `media_store='auto'` (the default) moves every binary payload, and every string of at least
     `media_threshold_bytes` UTF-8 bytes, to a `SqlMediaStore` on the same database: blob rows
@@ -131,9 +135,18 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
 
     async def _read(self, statement: Any) -> list[Any]:
         """The rows of one query, read in a transaction of its own (a value that cannot be decoded makes only
-        its row unreadable: `rows.fetch`)."""
-        await self._ready()
+        its row unreadable: `rows.fetch`); none from a database that holds no tables yet."""
+        if not await self._ready_to_read():
+            return []
         return await self._db.run(partial(rows.fetch, statement=statement), write=False)
+
+    async def _holds_nothing(self) -> bool:
+        """Whether the database holds no tables yet, so that removing from it has nothing to do (and creates
+        nothing); tables at another revision are upgraded by the write, as `_ready` does."""
+        try:
+            return not await self._ready_to_read()
+        except SchemaNotReadyError:
+            return False
 
     # --- runs ---
 
@@ -176,7 +189,8 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
             raise TypeError(f'newest_first must be a bool, not {type(newest_first).__name__}')
         require_text('agent_name', agent_name, optional=True)
         query = conversations.summaries_query(limit=limit, newest_first=newest_first, agent_name=agent_name)
-        await self._ready()
+        if not await self._ready_to_read():
+            return []
         found = await self._db.run(
             partial(rows.fetch, statement=query, parameters={'agent_name': agent_name}), write=False
         )
@@ -221,12 +235,14 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         require_text('run_id', run_id)
-        await self._ready()
+        if not await self._ready_to_read():
+            return None
         return await self._snapshot_reads.latest(run_id, include_interrupted=include_interrupted)
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         require_text('run_id', run_id)
-        await self._ready()
+        if not await self._ready_to_read():
+            return []
         return await self._snapshot_reads.every(run_id, include_interrupted=include_interrupted)
 
     # --- tool effects ---
@@ -293,8 +309,11 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
     # --- deletion and lifecycle ---
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
-        """Delete the run (with `cascade`, its delegated runs too) in one transaction."""
+        """Delete the run (with `cascade`, its delegated runs too) in one transaction (nothing, and nothing
+        created, on a database that holds no tables yet)."""
         require_text('run_id', run_id)
+        if await self._holds_nothing():
+            return
         await self._ready()
         deleted = await self._db.run(
             partial(sql_lifecycle.delete_runs, writes=self._writes, run_id=run_id, cascade=cascade), write=True
@@ -308,7 +327,11 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         return read_each(found, _run_name, _run_from_row)
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
-        """Delete message rows no snapshot uses and unreferenced blobs (see `stores/sql/reclaiming.py`)."""
+        """Delete message rows no snapshot uses and unreferenced blobs (see `stores/sql/reclaiming.py`); on a
+        database that holds no tables yet, nothing (and nothing is created)."""
+        validate_grace(grace)
+        if await self._holds_nothing():
+            return MediaCollection(messages=0, blobs=0)
         await self._ready()
         return await reclaiming.collect_media(self._db, self.media_store, grace=grace)
 
