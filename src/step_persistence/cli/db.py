@@ -92,9 +92,11 @@ def _database(url: str, schema: str | None, *, create: bool) -> Database:
         database = Database.from_url(target, schema=schema)
     except (ValueError, ImportError) as error:
         fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
-    if not create and database.sqlite_file is not None and not database.sqlite_file.exists():
-        run(database.aclose)
-        fail(missing_location(url, database.sqlite_file), EXIT_UNREACHABLE)
+    if database.sqlite_file is not None and not database.sqlite_file.exists():
+        if not create:
+            run(database.aclose)
+            fail(missing_location(url, database.sqlite_file), EXIT_UNREACHABLE)
+        database.sqlite_file.parent.mkdir(parents=True, exist_ok=True)  # the revision is read before upgrading
     return database
 
 

@@ -74,7 +74,8 @@ def _recorded_schema(transaction: Transaction, *, schema: str | None) -> tuple[l
 
 
 class DatabaseStore(ClosesOnExit):
-    """A store on one `Database`: its schema made ready on first use, and closed if the store owns it."""
+    """A store on one `Database`: its schema checked before the first read and made ready before the first
+    write, and closed if the store owns it."""
 
     _db: Database
     _auto_migrate: bool

@@ -25,7 +25,8 @@ class PostgresStepStore(SqlStepStore):
     commits, rolls back or closes it).
 
     `schema` puts the tables and the migration version table in that PostgreSQL schema (created
-    if missing), beside an application's own tables. Creating or upgrading the schema takes a
+    if missing, by the first write or `migrate()`; reading never creates or migrates anything),
+    beside an application's own tables. Creating or upgrading the schema takes a
     transaction-level advisory lock, so several processes may start at once.
     """
 

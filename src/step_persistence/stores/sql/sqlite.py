@@ -24,7 +24,8 @@ class SqliteStepStore(SqlStepStore):
     """A SQL store on SQLite.
 
     - `SqliteStepStore('runs.db')` (the default) or any path: the file and its directory are
-      created and the schema upgraded on first use. The store owns the engine: WAL journal,
+      created and the schema upgraded before the first write; reading never writes (reads of a
+      file that does not exist find nothing, and create nothing). The store owns the engine: WAL journal,
       foreign keys on, and a busy timeout of `busy_timeout` seconds so concurrent writers (other
       processes included) wait for each other instead of failing. Each operation commits.
       `synchronous='NORMAL'` (the default) makes every commit survive the crash or kill of any
