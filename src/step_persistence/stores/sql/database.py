@@ -121,8 +121,8 @@ class Database:
         """Whether operations run in a transaction the caller controls (an `AsyncConnection` or an
         `AsyncSession` was given)."""
         self.migrated = False
-        """Whether this process brought the tables to the newest revision; the stores sharing this database
-        (a step store and its media store) share it (see `DatabaseStore`)."""
+        """Whether this process brought the tables to the newest revision, or found them there before a read;
+        the stores sharing this database (a step store and its media store) share it (see `DatabaseStore`)."""
         self.migration_lock = asyncio.Lock()
         """Held while one of those stores migrates, so that concurrent first operations wait for one migration."""
         self.sqlite_file: Path | None = None
