@@ -414,7 +414,8 @@ async def test_a_database_written_at_0004_upgrades_and_reads_back_unchanged(empt
     url = empty_database.url
     await _write_0004_database(url)
     histories = _old_histories()
-    async with SqlStepStore(url) as store:  # upgrades to head on first use
+    async with SqlStepStore(url) as store:
+        await store.migrate()  # reading never migrates: the deployment's upgrade
         assert await store.list_runs() == OLD_RUN_RECORDS
         await _assert_reads_as_written(store, histories)
         assert [await store.list_events(run_id=run.run_id) for run in OLD_RUN_RECORDS] == [
@@ -477,6 +478,7 @@ async def test_a_database_downgraded_to_0004_reads_back_each_run_on_its_own(empt
     url = empty_database.url
     await _write_0004_database(url)
     async with SqlStepStore(url) as store:
+        await store.migrate()
         alpha = await store.latest_snapshot(run_id='alpha')
         assert alpha is not None
         await store.register_run(
@@ -521,7 +523,8 @@ async def test_a_database_downgraded_to_0004_reads_back_each_run_on_its_own(empt
                     assert list(digests) == [message.digest for message in snapshot.encoded_messages()]
     finally:
         await engine.dispose()
-    async with SqlStepStore(url) as store:  # upgrades again
+    async with SqlStepStore(url) as store:
+        await store.migrate()  # upgrades again
         assert await store.list_runs() == [run.model_copy(update={'origin': None}) for run in runs_before]
         for run_id, snapshots_of_run in saved.items():
             assert [dump(s.messages) for s in await store.list_snapshots(run_id=run_id, include_interrupted=True)] == [
