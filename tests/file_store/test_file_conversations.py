@@ -21,7 +21,7 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 from file_store.file_layout import line_of, stored_message_lines
 from step_persistence import ContinuableSnapshot, FileStepStore, RunRecord
 from step_persistence.records import RunOrigin, SnapshotRef
-from step_persistence.stores._listing import conversation_summaries
+from step_persistence.stores._listing import ConversationFilter, conversation_summaries
 from step_persistence.stores.file._layout import start_of
 from step_persistence.testing.conformance.conversations import chat_history
 from support.chat import chat_agent, chat_turns
@@ -103,12 +103,7 @@ async def test_list_conversations_reads_only_the_summaries_it_returns(tmp_path: 
         await store.list_conversations(limit=1)  # the index exists: not the cost measured
         for options in ({}, {'newest_first': False}, {'agent_name': 'writer'}):
             found, cost = await _cost(store, partial(store.list_conversations, limit=20, **options))
-            reference = conversation_summaries(
-                registered,
-                limit=20,
-                newest_first=options.get('newest_first', True),
-                agent_name=options.get('agent_name'),
-            )
+            reference = conversation_summaries(registered, ConversationFilter(limit=20, **options))
             assert found == reference
             costs.append((options, cost))
         assert all(cost[0] <= 20 and cost[1] <= 21 for _, cost in costs), costs

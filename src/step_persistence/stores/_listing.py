@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from step_persistence._arguments import require_limit, require_text
 from step_persistence.records import ConversationSummary, RunRecord
 
-__all__ = ['RunFilter', 'conversation_summaries', 'run_order']
+__all__ = ['ConversationFilter', 'RunFilter', 'conversation_summaries', 'run_order']
 
 
 def run_order(record: RunRecord, registration: int) -> tuple[object, int]:
@@ -56,14 +56,26 @@ class RunFilter:
         return [record for record, _ in ordered[: self.limit]]
 
 
+@dataclass(frozen=True)
+class ConversationFilter:
+    """The arguments of `list_conversations`, checked."""
+
+    limit: int | None = None
+    newest_first: bool = True
+    agent_name: str | None = None
+
+    def __post_init__(self) -> None:
+        require_limit(self.limit)
+        if not isinstance(self.newest_first, bool):
+            raise TypeError(f'newest_first must be a bool, not {type(self.newest_first).__name__}')
+        require_text('agent_name', self.agent_name, optional=True)
+
+
 def conversation_summaries(
-    runs: Iterable[tuple[RunRecord, int]], *, limit: object, newest_first: object, agent_name: object
+    runs: Iterable[tuple[RunRecord, int]], chosen: ConversationFilter
 ) -> list[ConversationSummary]:
-    """`list_conversations` over `(record, registration)` pairs (argument checks included)."""
-    checked_limit = require_limit(limit)
-    if not isinstance(newest_first, bool):
-        raise TypeError(f'newest_first must be a bool, not {type(newest_first).__name__}')
-    require_text('agent_name', agent_name, optional=True)
+    """`list_conversations` over `(record, registration)` pairs."""
+    agent_name, newest_first = chosen.agent_name, chosen.newest_first
     grouped: dict[str, list[tuple[RunRecord, int]]] = {}
     for record, registration in runs:
         if record.conversation_id is None or (agent_name is not None and record.agent_name != agent_name):
@@ -82,4 +94,4 @@ def conversation_summaries(
             )
         )
     summaries.sort(key=lambda summary: (summary.last_started_at, summary.conversation_id), reverse=newest_first)
-    return summaries[:checked_limit]
+    return summaries[: chosen.limit]

@@ -23,7 +23,7 @@ from step_persistence.records import (
     merge_tool_effect,
 )
 from step_persistence.retention import retained_seqs, validate_max_snapshots
-from step_persistence.stores._listing import RunFilter, conversation_summaries
+from step_persistence.stores._listing import ConversationFilter, RunFilter, conversation_summaries
 from step_persistence.stores._pruning import PrunesOldRuns
 
 __all__ = ['InMemoryStepStore']
@@ -107,12 +107,8 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
     async def list_conversations(
         self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
     ) -> list[ConversationSummary]:
-        return conversation_summaries(
-            ((data.record, data.registration) for data in self._runs.values()),
-            limit=limit,
-            newest_first=newest_first,
-            agent_name=agent_name,
-        )
+        chosen = ConversationFilter(limit=limit, newest_first=newest_first, agent_name=agent_name)
+        return conversation_summaries(((data.record, data.registration) for data in self._runs.values()), chosen)
 
     async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
         require_text('conversation_id', conversation_id)

@@ -29,9 +29,9 @@ from contextlib import contextmanager, suppress
 from functools import partial
 from pathlib import Path
 
-from step_persistence._arguments import require_limit, require_text
 from step_persistence._reading import read_or_skip
 from step_persistence.records import ConversationSummary, RunRecord
+from step_persistence.stores._listing import ConversationFilter
 from step_persistence.stores.file._codec import dump_conversation_file, load_conversation_file, load_run_file
 from step_persistence.stores.file._io import FileIo, real_directory
 from step_persistence.stores.file._layout import (
@@ -243,14 +243,11 @@ class ConversationIndex:
         scope = ALL_AGENTS if agent_name is None else text_key(agent_name)
         return self._entries(self._paths(conversation_id), scope, newest_first=newest_first)
 
-    def summaries(self, *, limit: object, newest_first: object, agent_name: object) -> list[ConversationSummary]:
-        """`list_conversations` (argument checks included): reads only the summaries it returns (plus
-        those tied with the last one, and any marker it finds stale)."""
-        checked_limit = require_limit(limit)
-        if not isinstance(newest_first, bool):
-            raise TypeError(f'newest_first must be a bool, not {type(newest_first).__name__}')
-        require_text('agent_name', agent_name, optional=True)
-        scope = ALL_AGENTS if agent_name is None else text_key(agent_name)  # type: ignore[arg-type]
+    def summaries(self, chosen: ConversationFilter) -> list[ConversationSummary]:
+        """`list_conversations`: reads only the summaries it returns (plus those tied with the last one,
+        and any marker it finds stale)."""
+        checked_limit, newest_first = chosen.limit, chosen.newest_first
+        scope = ALL_AGENTS if chosen.agent_name is None else text_key(chosen.agent_name)
         found: list[ConversationSummary] = []
         for attempt in range(_ATTEMPTS):
             markers = sorted(self._listed(scope), reverse=newest_first)

@@ -39,7 +39,7 @@ from step_persistence.records import (
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._idempotency import first_per_key
-from step_persistence.stores._listing import RunFilter
+from step_persistence.stores._listing import ConversationFilter, RunFilter
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.file import reclaiming as file_reclaiming
@@ -324,15 +324,12 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
     ) -> list[ConversationSummary]:
         """Conversations by their newest run, through the index: reads only the summaries returned."""
-        return await self._runs.in_thread(
-            partial(self._list_conversations, limit=limit, newest_first=newest_first, agent_name=agent_name)
-        )
+        chosen = ConversationFilter(limit=limit, newest_first=newest_first, agent_name=agent_name)
+        return await self._runs.in_thread(partial(self._list_conversations, chosen))
 
-    def _list_conversations(
-        self, *, limit: object, newest_first: object, agent_name: object
-    ) -> list[ConversationSummary]:
+    def _list_conversations(self, chosen: ConversationFilter) -> list[ConversationSummary]:
         self._conversations.ensure_indexed(self._read_all_runs)
-        return self._conversations.summaries(limit=limit, newest_first=newest_first, agent_name=agent_name)
+        return self._conversations.summaries(chosen)
 
     async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
         """The conversation's runs are looked at newest first, each through its snapshot journal (which

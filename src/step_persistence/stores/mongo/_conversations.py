@@ -32,7 +32,6 @@ from typing import Any, Final
 from pymongo import ASCENDING, DESCENDING, UpdateOne
 from pymongo.errors import DuplicateKeyError
 
-from step_persistence._arguments import require_limit, require_text
 from step_persistence._reading import read_or_skip
 from step_persistence.records import ConversationSummary, RunRecord
 from step_persistence.stores.mongo._client import Database, aggregate_all, upsert
@@ -112,15 +111,6 @@ def _summary(document: Mapping[str, Any], count: int) -> ConversationSummary:
     return ConversationSummary(
         conversation_id=document['_id'], first_started_at=first, last_started_at=last, run_count=count, head_run_id=head
     )
-
-
-def check_listing(limit: object, newest_first: object, agent_name: object) -> int | None:
-    """The arguments of `list_conversations`, checked (`TypeError`/`ValueError`); the limit."""
-    checked = require_limit(limit)
-    if not isinstance(newest_first, bool):
-        raise TypeError(f'newest_first must be a bool, not {type(newest_first).__name__}')
-    require_text('agent_name', agent_name, optional=True)
-    return checked
 
 
 class Conversations:

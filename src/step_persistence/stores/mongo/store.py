@@ -32,12 +32,12 @@ from step_persistence.records import (
     ToolEffectRecord,
 )
 from step_persistence.retention import validate_max_snapshots
-from step_persistence.stores._listing import RunFilter
+from step_persistence.stores._listing import ConversationFilter, RunFilter
 from step_persistence.stores._media import MediaSetting, MessageMedia
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.mongo._call_order import CallOrder
 from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
-from step_persistence.stores.mongo._conversations import Conversations, check_listing
+from step_persistence.stores.mongo._conversations import Conversations
 from step_persistence.stores.mongo._counters import Counters
 from step_persistence.stores.mongo._documents import (
     event_from_document,
@@ -184,8 +184,8 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
     ) -> list[ConversationSummary]:
         """Conversation summaries from the `conversations` collection (see `_conversations.py`)."""
-        checked = check_listing(limit, newest_first, agent_name)
-        return await self._conversations.summaries(limit=checked, newest_first=newest_first, agent_name=agent_name)
+        ConversationFilter(limit=limit, newest_first=newest_first, agent_name=agent_name)
+        return await self._conversations.summaries(limit=limit, newest_first=newest_first, agent_name=agent_name)
 
     async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
         return await find_snapshot(self._db, conversation_id=conversation_id, history_digest=history_digest)

@@ -16,7 +16,7 @@ from typing import Any
 
 from sqlalchemy import and_, select
 
-from step_persistence._arguments import require_limit, require_text
+from step_persistence._arguments import require_text
 from step_persistence._reading import read_each, read_or_skip
 from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection, validate_grace
@@ -30,7 +30,7 @@ from step_persistence.records import (
     ToolEffectRecord,
 )
 from step_persistence.retention import validate_max_snapshots
-from step_persistence.stores._listing import RunFilter
+from step_persistence.stores._listing import ConversationFilter, RunFilter
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.sql import conversations, listing, reclaiming, rows
@@ -184,10 +184,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
     async def list_conversations(
         self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
     ) -> list[ConversationSummary]:
-        require_limit(limit)
-        if not isinstance(newest_first, bool):
-            raise TypeError(f'newest_first must be a bool, not {type(newest_first).__name__}')
-        require_text('agent_name', agent_name, optional=True)
+        ConversationFilter(limit=limit, newest_first=newest_first, agent_name=agent_name)
         query = conversations.summaries_query(limit=limit, newest_first=newest_first, agent_name=agent_name)
         if not await self._ready_to_read():
             return []
