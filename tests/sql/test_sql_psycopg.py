@@ -34,29 +34,15 @@ from step_persistence import (
 from step_persistence.stores.sql.schema import events, media, messages, runs, snapshots, tool_effects
 from step_persistence.testing import StepStoreConformance
 from step_persistence.testing.conformance import StoreFactory, sample_history
+from support.backends import postgres_template
 from support.servers import free_port
 from support.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
 
-_TEMPLATES: dict[int, str] = {}
-"""Per cluster (port): a database migrated to head once, copied for each test database."""
-
 
 def psycopg_url(server: PostgresServer, database: str) -> str:
     return server.url(database).replace('+asyncpg', '+psycopg')
-
-
-async def migrated_template(server: PostgresServer) -> str:
-    if server.port not in _TEMPLATES:
-        name = await server.create_database()
-        store = PostgresStepStore(server.url(name))
-        try:
-            await store.migrate()
-        finally:
-            await store.aclose()
-        _TEMPLATES[server.port] = name
-    return _TEMPLATES[server.port]
 
 
 class PsycopgDatabases:
@@ -68,7 +54,7 @@ class PsycopgDatabases:
         self.engines: list[AsyncEngine] = []
 
     async def fresh(self) -> str:
-        self.names.append(await self.server.create_database(template=await migrated_template(self.server)))
+        self.names.append(await self.server.create_database(template=await postgres_template(self.server)))
         return self.names[-1]
 
     def engine(self, database: str) -> AsyncEngine:
@@ -285,7 +271,7 @@ asyncio.run(main())
 
 
 def test_a_psycopg_engine_needs_no_asyncpg(postgres_server: PostgresServer) -> None:
-    name = asyncio.run(postgres_server.create_database(template=asyncio.run(migrated_template(postgres_server))))
+    name = asyncio.run(postgres_server.create_database(template=asyncio.run(postgres_template(postgres_server))))
     try:
         completed = subprocess.run(
             [sys.executable, '-c', _WITHOUT_ASYNCPG, psycopg_url(postgres_server, name)],

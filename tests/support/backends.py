@@ -159,7 +159,8 @@ _POSTGRES_TEMPLATES: dict[int, str] = {}
 """Per cluster (port): a database migrated to head once per session, copied for every test database."""
 
 
-async def _postgres_template(server: PostgresServer) -> str:
+async def postgres_template(server: PostgresServer) -> str:
+    """A database of `server` migrated to head (made once per cluster), to copy as a test database's template."""
     if server.port not in _POSTGRES_TEMPLATES:
         name = await server.create_database()
         store = PostgresStepStore(server.url(name))
@@ -175,7 +176,7 @@ async def _postgres_template(server: PostgresServer) -> str:
 async def _postgres(request: pytest.FixtureRequest) -> AsyncIterator[BackendSession]:
     """Each store on a fresh database (a copy of a migrated template); all dropped when the test ends."""
     server: PostgresServer = request.getfixturevalue('postgres_server')
-    template = await _postgres_template(server)
+    template = await postgres_template(server)
     databases: list[str] = []
     stores: list[StepStore] = []
 
