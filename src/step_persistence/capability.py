@@ -506,6 +506,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 if not run.failure_recorded:
                     self._queue_failure(recorded)
                 self._end_model_request(recorded)
+                # A call whose start was queued after the failure was recorded (a sibling task the
+                # cancellation reached late) is still open: it ends before the terminal event.
+                self._settle_in_flight(recorded)
                 self._queue_terminal('run_failed', error=recorded)
                 await self._flush(ctx)
             raise
@@ -598,9 +601,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         run.failure_recorded = True
         run.tool_cycle_step = None  # the failure snapshot folds the cycle's request in
         self._end_model_request(error)
-        cancelled = error if isinstance(error, asyncio.CancelledError | RunCancelled) else asyncio.CancelledError()
-        for call_id in list(run.active.in_flight):
-            self._queue_settle(call_id, step=run.step, error=cancelled)
+        self._settle_in_flight(error)
         if not run.live_messages:
             return  # it failed before its first message: there is no history to keep
         messages = self._failure_history(run.live_messages)
@@ -612,6 +613,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         run.results.clear()
         run.ran.clear()
         self._queue_snapshot(messages, step_index=run.step, reason='failure', skip_if_unchanged=True)
+
+    def _settle_in_flight(self, error: BaseException) -> None:
+        """Close the calls still in flight as cancelled by `error` (the failure ended them)."""
+        run = self._run
+        cancelled = error if isinstance(error, asyncio.CancelledError | RunCancelled) else asyncio.CancelledError()
+        for call_id in list(run.active.in_flight):
+            self._queue_settle(call_id, step=run.step, error=cancelled)
 
     def _failure_history(self, live: Sequence[ModelMessage]) -> list[ModelMessage]:
         """The history a failed run leaves: the live one, with what it settled but has not appended yet.
