@@ -34,7 +34,7 @@ async def test_one_file_per_blob_and_a_sidecar_with_its_context(tmp_path: Path) 
 
 
 async def test_nested_keys_create_directories(tmp_path: Path) -> None:
-    store = DiskMediaStore(tmp_path, key_strategy=lambda digest, context: f'{digest[:2]}/{digest[2:4]}/{digest}')
+    store = DiskMediaStore(tmp_path, key_strategy=lambda uri, context: f'{uri[15:17]}/{uri[17:19]}/{uri[15:]}')
     uri = await store.put(b'nested')
     digest = uri[-64:]
     assert (tmp_path / digest[:2] / digest[2:4] / digest).read_bytes() == b'nested'
@@ -69,7 +69,7 @@ async def test_a_corrupt_sidecar_is_a_value_error(tmp_path: Path) -> None:
 
 
 async def test_keys_that_would_clash_with_sidecars_are_rejected(tmp_path: Path) -> None:
-    store = DiskMediaStore(tmp_path, key_strategy=lambda digest, context: f'{digest}.meta.json')
+    store = DiskMediaStore(tmp_path, key_strategy=lambda uri, context: f'{uri[15:]}.meta.json')
     with pytest.raises(ValueError, match='reserved'):
         await store.put(b'data')
     assert files_under(tmp_path) == []

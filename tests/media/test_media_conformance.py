@@ -27,9 +27,9 @@ PORTABLE_METADATA = {'author': 'Zoë ✓ — 東京', 'note': '  spaces, 100% su
 """Metadata every store must give back exactly: keys S3 accepts, values with any text."""
 
 
-def by_media_type(digest: str, context: MediaContext) -> str:
+def by_media_type(uri: str, context: MediaContext) -> str:
     """A key strategy that files blobs by media type, e.g. `image/png/<sha256>.bin`."""
-    return f'{context.media_type or "unknown/unknown"}/{digest}.bin'
+    return f'{context.media_type or "unknown/unknown"}/{uri.removeprefix("media+sha256://")}.bin'
 
 
 class TestMediaStore:
@@ -166,7 +166,7 @@ class TestMediaStore:
 
     @pytest.mark.parametrize('key', ['/etc/passwd', '../outside.bin', 'a/../../outside.bin', 'a//b', '', 'C:\\x'])
     async def test_unsafe_keys_are_rejected(self, media_session: MediaSession, key: str) -> None:
-        store = media_session.make(key_strategy=lambda digest, context: key)
+        store = media_session.make(key_strategy=lambda uri, context: key)
         with pytest.raises(ValueError, match='key strategy'):
             await store.put(b'escape attempt')
         with pytest.raises(ValueError, match='key strategy'):

@@ -99,8 +99,8 @@ async def test_missing_bucket_is_an_error_not_a_missing_blob(s3_server: S3Server
 
 
 async def test_keys_with_characters_that_need_encoding(s3_server: S3Server) -> None:
-    def strategy(digest: str, context: MediaContext) -> str:
-        return f'été 2026/a+b $ (1)~/{context.filename}/{digest}'
+    def strategy(uri: str, context: MediaContext) -> str:
+        return f'été 2026/a+b $ (1)~/{context.filename}/{uri.removeprefix("media+sha256://")}'
 
     context = MediaContext(filename='photo #1?.png')
     async with make_store(s3_server, key_strategy=strategy) as store:

@@ -66,13 +66,16 @@ def test_media_context_checks_its_types(options: dict[str, Any]) -> None:
 
 
 def test_default_key_strategy() -> None:
-    assert default_key_strategy('ab' * 32, MediaContext(media_type='image/png')) == 'ab' * 32 + '.bin'
+    uri = 'media+sha256://' + 'ab' * 32
+    assert default_key_strategy(uri, MediaContext(media_type='image/png')) == 'ab' * 32 + '.bin'
 
 
 def test_static_public_url_encodes_the_key_and_respects_the_strategy() -> None:
     uri = media_uri_for(b'x')
     digest = parse(uri)
-    resolve = make_static_public_url('https://cdn.example/', 'my media/', key_strategy=lambda d, c: f'{c.filename}/{d}')
+    resolve = make_static_public_url(
+        'https://cdn.example/', 'my media/', key_strategy=lambda uri, c: f'{c.filename}/{parse(uri)}'
+    )
     assert resolve(uri, MediaContext(filename='a#b')) == f'https://cdn.example/my%20media/a%23b/{digest}'
     with pytest.raises(ValueError, match='key strategy'):
         resolve(uri, MediaContext(filename='..'))

@@ -336,7 +336,7 @@ async def test_puts_of_one_tree_run_concurrently(disk: DiskMediaStore) -> None:
 async def test_store_errors_surface_as_themselves(disk: DiskMediaStore, tmp_path: Path) -> None:
     images = [BinaryContent(data=bytes([n]) * 10, media_type='image/png') for n in range(3)]
     tree = dump([ModelRequest(parts=[UserPromptPart(content=images)])])
-    escaping = DiskMediaStore(tmp_path / 'other', key_strategy=lambda digest, context: f'../{digest}')
+    escaping = DiskMediaStore(tmp_path / 'other', key_strategy=lambda uri, context: f'../{uri[15:]}')
     with pytest.raises(ValueError, match='key strategy'):
         await externalize_media(tree, media_store=escaping)
 

@@ -50,10 +50,12 @@ NO_CONTEXT = MediaContext()
 """The default context: nothing known about the blob."""
 
 KeyStrategy: TypeAlias = Callable[[str, MediaContext], str]
-"""`(sha256_hex, context) -> key`: where a store puts a blob, relative to its root or prefix.
+"""`(uri, context) -> key`: where a store puts a blob, relative to its root or prefix.
 
-A key is a `/`-separated relative path; stores reject absolute keys and `..` segments with
-`ValueError`. A strategy must be deterministic: `get` recomputes the key from the same inputs.
+`uri` is the blob's `media+sha256://<sha256>` URI (checked before the strategy is called), so
+`uri.removeprefix('media+sha256://')` is its digest. A key is a `/`-separated relative path;
+stores reject absolute keys and `..` segments with `ValueError`. A strategy must be
+deterministic: `get` recomputes the key from the same inputs.
 """
 
 PublicUrlResolver: TypeAlias = Callable[[str, MediaContext], str | Awaitable[str | None] | None]

@@ -50,9 +50,9 @@ _ATTEMPTS: Final = 4
 """How often a `put` looks at the manifest again when other puts keep changing it under it."""
 
 
-def digest_key(digest: str, context: MediaContext) -> str:
+def digest_key(uri: str, context: MediaContext) -> str:
     """The default key strategy of `MongoMediaStore`: the blob's SHA-256 itself."""
-    return digest
+    return parse_media_uri(uri)
 
 
 def _check_chunk_size(value: object) -> int:
