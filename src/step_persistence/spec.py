@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
     from step_persistence.protocol import StepStore
 
-__all__ = ['from_spec', 'local_path', 'postgres_location', 'redact_url', 'supported_backends']
+__all__ = ['from_spec', 'local_path', 'redact_url', 'sql_location', 'supported_backends']
 
 POSTGRES_SCHEMES = ('postgresql', 'postgres')
 """URL schemes naming PostgreSQL: `postgres://` is what hosted PostgreSQL services put in `DATABASE_URL`."""
@@ -49,47 +49,68 @@ def _file(url: str | None, options: dict[str, Any]) -> StepStore:
 
 
 def _sqlite(url: str | None, options: dict[str, Any]) -> StepStore:
-    """`sqlite:///relative.db`, `sqlite:////absolute.db`, `sqlite://` (memory), or `'sqlite'` with `database=`."""
+    """`sqlite:///relative.db`, `sqlite:////absolute.db`, `sqlite://` (memory), or `'sqlite'` with `database=`;
+    `?table_prefix=` in the URL is the `table_prefix` option."""
     from step_persistence.stores.sql import SqliteStepStore
     from step_persistence.stores.sql.sqlite import database_from_url
 
     if url is not None:
         if 'database' in options:
             raise ValueError('give the SQLite store its database in the URL or as database=, not both')
-        options = {**options, 'database': database_from_url(url)}
+        location, named = sql_location(url)
+        if 'schema' in named:
+            raise ValueError('?schema= applies to PostgreSQL stores only')
+        options = {**_merged(options, named), 'database': database_from_url(location)}
     return SqliteStepStore(**options)
 
 
-def postgres_location(url: str | URL) -> tuple[URL, str | None]:
-    """A PostgreSQL URL as SQLAlchemy reads it, and the schema its `?schema=` query parameter names.
+_URL_OPTIONS = ('schema', 'table_prefix')
+"""Store options a SQL store URL may carry as query parameters (the driver would refuse them)."""
+
+
+def sql_location(url: str | URL) -> tuple[URL, dict[str, str]]:
+    """A SQL store URL as SQLAlchemy reads it, and the store options its query parameters name.
 
     `postgres://` (and `postgres+driver://`) becomes `postgresql://`, the spelling SQLAlchemy
-    accepts; the `schema` parameter is removed from the URL (the driver would refuse it) and
-    returned, `None` when absent. Raises `ValueError` for a URL that cannot be parsed or a schema
-    given twice.
+    accepts; `?schema=` (PostgreSQL) and `?table_prefix=` are removed from the URL and returned as
+    `schema` and `table_prefix`. Raises `ValueError` for a URL that cannot be parsed or an option
+    given twice or empty.
     """
     from sqlalchemy.engine import make_url
 
     try:
         parsed = make_url(url)
     except Exception as error:
-        raise ValueError(f'not a PostgreSQL URL: {redact_url(str(url))}') from error
+        raise ValueError(f'not a SQL store URL: {redact_url(str(url))}') from error
     backend, plus, driver = parsed.drivername.partition('+')
     if backend == 'postgres':
         parsed = parsed.set(drivername=f'postgresql{plus}{driver}')
-    schema = parsed.query.get('schema')
-    if schema is None:
-        return parsed, None
-    if not isinstance(schema, str) or not schema:
-        raise ValueError('?schema= in a PostgreSQL URL names one schema, once')
-    return parsed.difference_update_query(['schema']), schema
+    named: dict[str, str] = {}
+    for option in _URL_OPTIONS:
+        value = parsed.query.get(option)
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value:
+            raise ValueError(f'?{option}= in a store URL names one value, once')
+        named[option] = value
+    return parsed.difference_update_query(list(named)), named
+
+
+def _merged(options: dict[str, Any], named: dict[str, str]) -> dict[str, Any]:
+    """`options` with the options a URL named (`ValueError` when both give one differently)."""
+    merged = dict(options)
+    for option, value in named.items():
+        if merged.get(option) not in (None, value):
+            raise ValueError(f'two values of {option}: {value!r} in the URL and {merged[option]!r} as {option}=')
+        merged[option] = value
+    return merged
 
 
 def _postgres(url: str | None, options: dict[str, Any]) -> StepStore:
     """`postgresql://...` or `postgres://...` (or `+asyncpg`), or `'postgres'` with `url=`.
 
-    The schema comes from `schema=` or from the URL's `?schema=` query parameter (not both, unless
-    they agree).
+    `?schema=` and `?table_prefix=` in the URL are the `schema` and `table_prefix` options (given
+    both ways, they must agree).
     """
     from sqlalchemy.engine import URL
 
@@ -101,11 +122,8 @@ def _postgres(url: str | None, options: dict[str, Any]) -> StepStore:
         raise ValueError('give the PostgreSQL store exactly one URL: as the backend or as url=')
     target = url or given
     if isinstance(target, str | URL):
-        target, schema = postgres_location(target)
-        if schema is not None:
-            if options.get('schema') not in (None, schema):
-                raise ValueError(f'two schemas given: {schema!r} in the URL and {options["schema"]!r} as schema=')
-            options['schema'] = schema
+        target, named = sql_location(target)
+        options = _merged(options, named)
     return PostgresStepStore(target, **options)
 
 
@@ -162,7 +180,7 @@ def local_path(url: str) -> Path | None:
     if name == 'sqlite':
         from step_persistence.stores.sql.sqlite import database_from_url
 
-        database = database_from_url(url)
+        database = database_from_url(sql_location(url)[0])
         return None if database == ':memory:' else Path(database)
     return None
 

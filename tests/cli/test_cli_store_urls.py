@@ -11,7 +11,7 @@ import pytest
 
 from step_persistence import PostgresStepStore, RunRecord, from_spec
 from step_persistence.cli import app
-from step_persistence.spec import postgres_location
+from step_persistence.spec import sql_location
 from support.console_script import cli
 from support.databases import EmptyDatabase
 
@@ -64,18 +64,28 @@ def test_the_environment_names_the_store(tmp_path: Path, monkeypatch: pytest.Mon
     assert json.loads(cli('runs', 'list', '--store', f'file://{tmp_path}', '--json').stdout) == [], '--store wins'
 
 
-def test_postgres_location_maps_the_scheme_and_takes_the_schema() -> None:
-    url, schema = postgres_location('postgres://app:p%40ss@db.internal:5433/steps?schema=agents&timeout=5')
-    assert (url.drivername, url.password, url.database, dict(url.query), schema) == (
+def test_sql_location_maps_the_scheme_and_takes_the_schema_and_table_prefix() -> None:
+    url, named = sql_location('postgres://app:p%40ss@db.internal:5433/steps?schema=agents&timeout=5&table_prefix=sp_')
+    assert (url.drivername, url.password, url.database, dict(url.query), named) == (
         'postgresql',
         'p@ss',
         'steps',
         {'timeout': '5'},
-        'agents',
+        {'schema': 'agents', 'table_prefix': 'sp_'},
     )
-    assert postgres_location('postgres+asyncpg://db/x')[0].drivername == 'postgresql+asyncpg'
-    assert postgres_location('postgresql://db/x')[1] is None
-    with pytest.raises(ValueError, match='two schemas'):
+    assert sql_location('postgres+asyncpg://db/x')[0].drivername == 'postgresql+asyncpg'
+    assert sql_location('postgresql://db/x')[1] == {}
+    assert sql_location('sqlite:///runs.db?table_prefix=sp_') == (
+        sql_location('sqlite:///runs.db')[0],
+        {'table_prefix': 'sp_'},
+    )
+    with pytest.raises(ValueError, match='once'):
+        sql_location('sqlite:///runs.db?table_prefix=a&table_prefix=b')
+    with pytest.raises(ValueError, match='PostgreSQL stores only'):
+        from_spec('sqlite:///runs.db?schema=steps')
+    with pytest.raises(ValueError, match='two values of table_prefix'):
+        from_spec('sqlite:///runs.db?table_prefix=a_', table_prefix='b_')
+    with pytest.raises(ValueError, match='two values of schema'):
         from_spec('postgresql://db/x?schema=a', schema='b')
 
 

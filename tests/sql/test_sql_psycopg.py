@@ -1,6 +1,7 @@
 """An application's psycopg 3 engine (`postgresql+psycopg://`) shared with the SQL store, on the real server.
 
-The whole conformance suite runs on `SqlStepStore(psycopg_engine)`; the focused tests below check
+The whole conformance suite runs on `SqlStepStore(psycopg_engine, table_prefix='sp_')` (beside the
+application's own `messages` and `runs`); the focused tests below check
 what differs from asyncpg: every statement goes through Core (the application's engine events
 see it), the stored rows are the ones an asyncpg store writes and reads, a caller's psycopg
 connection or session keeps the store's writes in its transaction, PostgreSQL's refusals become
@@ -53,8 +54,9 @@ class PsycopgDatabases:
         self.names: list[str] = []
         self.engines: list[AsyncEngine] = []
 
-    async def fresh(self) -> str:
-        self.names.append(await self.server.create_database(template=await postgres_template(self.server)))
+    async def fresh(self, *, table_prefix: str = '') -> str:
+        template = await postgres_template(self.server, table_prefix=table_prefix)
+        self.names.append(await self.server.create_database(template=template))
         return self.names[-1]
 
     def engine(self, database: str) -> AsyncEngine:
@@ -78,16 +80,17 @@ async def databases(postgres_server: PostgresServer) -> AsyncIterator[PsycopgDat
 
 
 class TestConformanceOnAPsycopgEngine(StepStoreConformance):
-    """The whole suite on `SqlStepStore(engine)`, the engine an application's psycopg 3 `AsyncEngine`."""
+    """The whole suite on `SqlStepStore(engine, table_prefix='sp_')`, the engine an application's psycopg 3
+    `AsyncEngine` on a database that also holds the application's own `messages`, `runs` and `events`."""
 
     @pytest.fixture
     async def make_store(self, databases: PsycopgDatabases) -> AsyncIterator[StoreFactory]:
         stores: list[StepStore] = []
 
         async def make(**options: Any) -> StepStore:
-            engine = databases.engine(await databases.fresh())
+            engine = databases.engine(await databases.fresh(table_prefix='sp_'))
             assert engine.dialect.driver == 'psycopg'
-            store = SqlStepStore(engine, **options)
+            store = SqlStepStore(engine, table_prefix='sp_', **options)
             stores.append(store)
             return store
 

@@ -36,7 +36,7 @@ from step_persistence.stores.sql import SqlMediaStore
 from step_persistence.stores.sql.schema import events, media, messages, runs, snapshots, tool_effects
 from step_persistence.testing import StepStoreConformance
 from step_persistence.testing.conformance import T0, StoreFactory, sample_history
-from support.databases import EmptyDatabase
+from support.databases import EmptyDatabase, create_application_tables
 
 pytestmark = pytest.mark.anyio
 
@@ -282,13 +282,15 @@ async def test_a_session_bound_to_nothing_is_refused() -> None:
 
 
 class TestConformanceOnASession(StepStoreConformance):
-    """The whole suite on `SqlStepStore(session)`, each store on a session of its own over a new SQLite file."""
+    """The whole suite on `SqlStepStore(session, table_prefix='sp_')`, each store on a session of its own over a
+    new SQLite file that also holds the application's own `messages`, `runs` and `events`."""
 
     @pytest.fixture
     async def make_store(self, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[StoreFactory]:
-        template = tmp_path_factory.getbasetemp() / 'migrated-template.db'  # one per test process
+        template = tmp_path_factory.getbasetemp() / 'migrated-prefixed-template.db'  # one per test process
         if not template.exists():
-            async with SqliteStepStore(template.with_suffix('.new')) as setup:
+            await create_application_tables(f'sqlite+aiosqlite:///{template.with_suffix(".new")}')
+            async with SqliteStepStore(template.with_suffix('.new'), table_prefix='sp_') as setup:
                 await setup.migrate()
             template.with_suffix('.new').rename(template)
         engines: list[AsyncEngine] = []
@@ -299,7 +301,7 @@ class TestConformanceOnASession(StepStoreConformance):
             shutil.copyfile(template, path)
             engines.append(create_async_engine(f'sqlite+aiosqlite:///{path}'))
             sessions.append(AsyncSession(engines[-1]))
-            return SqlStepStore(sessions[-1], **options)
+            return SqlStepStore(sessions[-1], table_prefix='sp_', **options)
 
         try:
             yield make

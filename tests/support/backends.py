@@ -22,6 +22,7 @@ from step_persistence import FileStepStore, InMemoryStepStore, PostgresStepStore
 from step_persistence.stores.file._layout import LINES_DIRECTORY_NAME, MEDIA_DIRECTORY_NAME
 from step_persistence.stores.mongo import MongoStepStore
 from step_persistence.stores.sql.schema import media, messages
+from support.databases import create_application_tables
 from support.servers.mongo import Driver, MongoServer
 from support.servers.postgres import PostgresServer
 
@@ -155,21 +156,28 @@ def _sqlite(request: pytest.FixtureRequest) -> AbstractAsyncContextManager[Backe
     )
 
 
-_POSTGRES_TEMPLATES: dict[int, str] = {}
-"""Per cluster (port): a database migrated to head once per session, copied for every test database."""
+_POSTGRES_TEMPLATES: dict[tuple[int, str], str] = {}
+"""Per cluster (port) and table prefix: a database migrated to head once per session, copied for every test
+database."""
 
 
-async def postgres_template(server: PostgresServer) -> str:
-    """A database of `server` migrated to head (made once per cluster), to copy as a test database's template."""
-    if server.port not in _POSTGRES_TEMPLATES:
+async def postgres_template(server: PostgresServer, *, table_prefix: str = '') -> str:
+    """A database of `server` migrated to head (made once per cluster), to copy as a test database's template.
+
+    With a `table_prefix`, the store's tables bear it and the database also holds the application's own
+    tables named as the store's (`support.databases.APPLICATION_TABLES`)."""
+    key = (server.port, table_prefix)
+    if key not in _POSTGRES_TEMPLATES:
         name = await server.create_database()
-        store = PostgresStepStore(server.url(name))
+        if table_prefix:
+            await create_application_tables(server.url(name))
+        store = PostgresStepStore(server.url(name), table_prefix=table_prefix)
         try:
             await store.migrate()
         finally:
             await store.aclose()
-        _POSTGRES_TEMPLATES[server.port] = name
-    return _POSTGRES_TEMPLATES[server.port]
+        _POSTGRES_TEMPLATES[key] = name
+    return _POSTGRES_TEMPLATES[key]
 
 
 @asynccontextmanager

@@ -12,10 +12,33 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import event, inspect
+from sqlalchemy import event, inspect, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from support.servers.postgres import PostgresServer
+
+APPLICATION_TABLES = frozenset({'messages', 'runs', 'events'})
+"""Tables of an application named as the store's (what a chat application usually has), for stores given a
+`table_prefix`."""
+
+_APPLICATION_TABLES_SQL = (
+    'CREATE TABLE messages (id INTEGER PRIMARY KEY, body TEXT)',
+    'CREATE TABLE runs (id INTEGER PRIMARY KEY, label TEXT)',
+    'CREATE TABLE events (id INTEGER PRIMARY KEY)',
+    "INSERT INTO messages (id, body) VALUES (1, 'hello from the app')",
+    "INSERT INTO runs (id, label) VALUES (7, 'nightly')",
+)
+
+
+async def create_application_tables(url: str) -> None:
+    """Create `APPLICATION_TABLES` (with a row in `messages` and one in `runs`) in the database at `url`."""
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as connection:
+            for statement in _APPLICATION_TABLES_SQL:
+                await connection.execute(text(statement))
+    finally:
+        await engine.dispose()
 
 
 @dataclass(frozen=True)

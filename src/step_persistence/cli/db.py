@@ -30,8 +30,6 @@ from step_persistence.cli._common import (
 )
 
 if TYPE_CHECKING:
-    from sqlalchemy.engine import URL
-
     from step_persistence.stores.sql.database import Database
 
 app = typer.Typer(
@@ -70,7 +68,7 @@ def _database(url: str, schema: str | None, *, create: bool) -> Database:
     Only `db upgrade` (`create`) may create a SQLite file: the other commands refuse one that does
     not exist (exit 4), as every read does.
     """
-    from step_persistence.spec import postgres_location
+    from step_persistence.spec import sql_location
     from step_persistence.stores.sql.database import Database
 
     scheme = url_scheme(url)
@@ -83,13 +81,14 @@ def _database(url: str, schema: str | None, *, create: bool) -> Database:
     if schema is not None and scheme == 'sqlite':
         fail('--schema applies to PostgreSQL stores only', EXIT_USAGE)
     try:
-        target: str | URL = url
-        if scheme != 'sqlite':
-            target, in_url = postgres_location(url)
-            if in_url is not None and schema not in (None, in_url):
-                fail(f'two schemas given: {in_url!r} in the URL and {schema!r} with --schema', EXIT_USAGE)
-            schema = schema or in_url
-        database = Database.from_url(target, schema=schema)
+        target, named = sql_location(url)
+        in_url = named.get('schema')
+        if in_url is not None and scheme == 'sqlite':
+            fail('?schema= applies to PostgreSQL stores only', EXIT_USAGE)
+        if in_url is not None and schema not in (None, in_url):
+            fail(f'two schemas given: {in_url!r} in the URL and {schema!r} with --schema', EXIT_USAGE)
+        schema = schema or in_url
+        database = Database.from_url(target, schema=schema, table_prefix=named.get('table_prefix', ''))
     except (ValueError, ImportError) as error:
         fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
     if database.sqlite_file is not None and not database.sqlite_file.exists():

@@ -22,6 +22,9 @@ from __future__ import annotations
 
 from alembic import op
 
+from step_persistence.migrations.naming import names
+from step_persistence.stores.sql.naming import TableNames
+
 revision = '0003'
 down_revision: str | None = '0002'
 branch_labels: str | None = None
@@ -70,9 +73,9 @@ class _Dialect:
         return f"(now() - INTERVAL '{STALE_AFTER_MINUTES} minutes')"
 
 
-def _run_summary(dialect: _Dialect) -> str:
+def _run_summary(dialect: _Dialect, n: TableNames) -> str:
     return f"""
-CREATE VIEW run_summary AS
+CREATE VIEW {n.table('run_summary')} AS
 SELECT r.run_id,
        r.agent_name,
        r.conversation_id,
@@ -93,7 +96,7 @@ SELECT r.run_id,
        COALESCE(pending.unresolved, 0) AS unresolved_effects,
        COALESCE(kept.snapshots, 0) AS snapshots,
        latest.state AS latest_snapshot_state
-FROM runs r
+FROM {n.table('runs')} r
 LEFT JOIN (
     SELECT e.run_id,
            COUNT(CASE WHEN e.kind = 'model_request_started' THEN 1 END) AS model_requests,
@@ -101,28 +104,28 @@ LEFT JOIN (
            COUNT(CASE WHEN e.kind = 'tool_call_failed' THEN 1 END) AS tool_failures,
            MAX(e.timestamp) AS last_event_at,
            MAX(CASE WHEN e.kind IN ('run_completed', 'run_failed') THEN e.id END) AS terminal_id
-    FROM events e
+    FROM {n.table('events')} e
     GROUP BY e.run_id
 ) activity ON activity.run_id = r.run_id
-LEFT JOIN events terminal ON terminal.id = activity.terminal_id
+LEFT JOIN {n.table('events')} terminal ON terminal.id = activity.terminal_id
 LEFT JOIN (
     SELECT t.run_id, COUNT(*) AS unresolved
-    FROM tool_effects t
+    FROM {n.table('tool_effects')} t
     WHERE t.status = 'started'
     GROUP BY t.run_id
 ) pending ON pending.run_id = r.run_id
 LEFT JOIN (
     SELECT s.run_id, COUNT(*) AS snapshots, MAX(s.seq) AS latest_seq
-    FROM snapshots s
+    FROM {n.table('snapshots')} s
     GROUP BY s.run_id
 ) kept ON kept.run_id = r.run_id
-LEFT JOIN snapshots latest ON latest.run_id = r.run_id AND latest.seq = kept.latest_seq
+LEFT JOIN {n.table('snapshots')} latest ON latest.run_id = r.run_id AND latest.seq = kept.latest_seq
 """
 
 
-def _tool_call_stats(dialect: _Dialect) -> str:
+def _tool_call_stats(dialect: _Dialect, n: TableNames) -> str:
     return f"""
-CREATE VIEW tool_call_stats AS
+CREATE VIEW {n.table('tool_call_stats')} AS
 SELECT effects.tool_name,
        COUNT(*) AS calls,
        COUNT(CASE WHEN effects.status = 'failed' THEN 1 END) AS failures,
@@ -136,7 +139,7 @@ FROM (
            CASE WHEN t.status <> 'started' AND t.ended_at IS NOT NULL
                 THEN {dialect.elapsed('t.started_at', 't.ended_at')}
            END AS settled
-    FROM tool_effects t
+    FROM {n.table('tool_effects')} t
 ) effects
 GROUP BY effects.tool_name
 """
@@ -144,11 +147,12 @@ GROUP BY effects.tool_name
 
 def upgrade() -> None:
     dialect = _Dialect(op.get_context().dialect.name)
-    op.execute(_run_summary(dialect))
-    op.execute(_tool_call_stats(dialect))
+    op.execute(_run_summary(dialect, names()))
+    op.execute(_tool_call_stats(dialect, names()))
 
 
 def downgrade() -> None:
+    n = names()
     # IF EXISTS: a database stamped at 0003 without running it has no views to drop.
-    op.execute('DROP VIEW IF EXISTS tool_call_stats')
-    op.execute('DROP VIEW IF EXISTS run_summary')
+    op.execute(f'DROP VIEW IF EXISTS {n.table("tool_call_stats")}')
+    op.execute(f'DROP VIEW IF EXISTS {n.table("run_summary")}')

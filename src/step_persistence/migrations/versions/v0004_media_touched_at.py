@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from step_persistence.migrations.naming import names
 from step_persistence.stores.sql.types import DateTimeUTC
 
 revision = '0004'
@@ -21,9 +22,9 @@ depends_on: str | None = None
 
 
 def upgrade() -> None:
-    op.add_column('media', sa.Column('touched_at', DateTimeUTC(), nullable=True))
+    op.add_column(names().table('media'), sa.Column('touched_at', DateTimeUTC(), nullable=True))
 
 
 def downgrade() -> None:
     # A plain ALTER TABLE ... DROP COLUMN (SQLite 3.35+): batch mode would copy the table.
-    op.drop_column('media', 'touched_at')
+    op.drop_column(names().table('media'), 'touched_at')

@@ -23,6 +23,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
+from step_persistence.migrations.naming import names
 from step_persistence.stores.sql.types import DateTimeUTC, EncodedJSON
 
 revision = '0005'
@@ -36,8 +37,9 @@ CONTINUED = sa.text("origin_kind = 'continued'")
 
 def _messages_with_line() -> sa.Table:
     """`messages` as 0004 left it with `line_id` added: what SQLite's batch mode copies from (also offline)."""
+    n = names()
     return sa.Table(
-        'messages',
+        n.table('messages'),
         sa.MetaData(),
         sa.Column('run_id', sa.String(), nullable=False),
         sa.Column('no', sa.BigInteger(), autoincrement=False, nullable=False),
@@ -46,75 +48,96 @@ def _messages_with_line() -> sa.Table:
         sa.Column('body', EncodedJSON(), nullable=False),
         sa.Column('externalized', sa.Boolean(), nullable=False),
         sa.Column('line_id', sa.BigInteger(), nullable=True),
-        sa.PrimaryKeyConstraint('run_id', 'no', name='pk_messages'),
-        sa.ForeignKeyConstraint(['run_id'], ['runs.run_id'], name='fk_messages_run_id_runs', ondelete='CASCADE'),
-        sa.Index('ix_messages_run_id_position_no', 'run_id', 'position', 'no'),
+        sa.PrimaryKeyConstraint('run_id', 'no', name=n.object('pk_messages')),
+        sa.ForeignKeyConstraint(
+            ['run_id'], [f'{n.table("runs")}.run_id'], name=n.object('fk_messages_run_id_runs'), ondelete='CASCADE'
+        ),
+        sa.Index(n.object('ix_messages_run_id_position_no'), 'run_id', 'position', 'no'),
     )
 
 
 def _create_lines() -> None:
+    n = names()
+    lines, messages, runs, snapshots = (n.table(name) for name in ('history_lines', 'messages', 'runs', 'snapshots'))
     op.create_table(
-        'history_lines',
+        n.table('history_lines'),
         sa.Column('id', SERIAL, primary_key=True, autoincrement=True),
         sa.Column('last_message_no', sa.BigInteger(), server_default=sa.text('0'), nullable=False),
         sa.Column('base_line_id', sa.BigInteger(), nullable=True),
         sa.Column('base_length', sa.Integer(), nullable=True),
         sa.Column('base_through', sa.BigInteger(), nullable=True),
-        sa.PrimaryKeyConstraint('id', name='pk_history_lines'),
+        sa.PrimaryKeyConstraint('id', name=n.object('pk_history_lines')),
         sqlite_autoincrement=True,
     )
-    op.create_index('ix_history_lines_base_line_id_base_through', 'history_lines', ['base_line_id', 'base_through'])
+    op.create_index(
+        n.object('ix_history_lines_base_line_id_base_through'),
+        n.table('history_lines'),
+        ['base_line_id', 'base_through'],
+    )
     op.execute(
-        'INSERT INTO history_lines (id, last_message_no) '
-        'SELECT r.id, COALESCE((SELECT max(m.no) FROM messages m WHERE m.run_id = r.run_id), 0) FROM runs r '
-        'WHERE EXISTS (SELECT 1 FROM messages m WHERE m.run_id = r.run_id) '
-        'OR EXISTS (SELECT 1 FROM snapshots s WHERE s.run_id = r.run_id)'
+        f'INSERT INTO {lines} (id, last_message_no) '
+        f'SELECT r.id, COALESCE((SELECT max(m.no) FROM {messages} m WHERE m.run_id = r.run_id), 0) FROM {runs} r '
+        f'WHERE EXISTS (SELECT 1 FROM {messages} m WHERE m.run_id = r.run_id) '
+        f'OR EXISTS (SELECT 1 FROM {snapshots} s WHERE s.run_id = r.run_id)'
     )
     if op.get_context().dialect.name == 'postgresql':
         op.execute(
-            "SELECT setval(pg_get_serial_sequence('history_lines', 'id'), "
-            'COALESCE((SELECT max(id) FROM history_lines), 0) + 1, false)'
+            f"SELECT setval(pg_get_serial_sequence('{lines}', 'id'), "
+            f'COALESCE((SELECT max(id) FROM {lines}), 0) + 1, false)'
         )
 
 
 def _move_messages() -> None:
-    op.add_column('messages', sa.Column('line_id', sa.BigInteger(), nullable=True))
-    op.execute('UPDATE messages SET line_id = (SELECT r.id FROM runs r WHERE r.run_id = messages.run_id)')
-    op.execute('DELETE FROM messages WHERE line_id IS NULL')  # rows of no run: nothing could read them
-    with op.batch_alter_table('messages', copy_from=_messages_with_line()) as batch:
-        batch.drop_index('ix_messages_run_id_position_no')
-        batch.drop_constraint('fk_messages_run_id_runs', type_='foreignkey')
-        batch.drop_constraint('pk_messages', type_='primary')
+    n = names()
+    op.add_column(n.table('messages'), sa.Column('line_id', sa.BigInteger(), nullable=True))
+    messages, runs = n.table('messages'), n.table('runs')
+    op.execute(f'UPDATE {messages} SET line_id = (SELECT r.id FROM {runs} r WHERE r.run_id = {messages}.run_id)')
+    op.execute(f'DELETE FROM {messages} WHERE line_id IS NULL')  # rows of no run: nothing could read them
+    with op.batch_alter_table(n.table('messages'), copy_from=_messages_with_line()) as batch:
+        batch.drop_index(n.object('ix_messages_run_id_position_no'))
+        batch.drop_constraint(n.object('fk_messages_run_id_runs'), type_='foreignkey')
+        batch.drop_constraint(n.object('pk_messages'), type_='primary')
         batch.drop_column('run_id')
         batch.alter_column('line_id', existing_type=sa.BigInteger(), nullable=False)
-        batch.create_primary_key('pk_messages', ['line_id', 'no'])
-    op.create_index('ix_messages_line_id_position_no', 'messages', ['line_id', 'position', 'no'])
+        batch.create_primary_key(n.object('pk_messages'), ['line_id', 'no'])
+    op.create_index(n.object('ix_messages_line_id_position_no'), n.table('messages'), ['line_id', 'position', 'no'])
 
 
 def _move_snapshots() -> None:
-    op.add_column('snapshots', sa.Column('line_id', sa.BigInteger(), nullable=True))
-    op.add_column('snapshots', sa.Column('history_digest', sa.String(64), nullable=True))
-    op.execute('UPDATE snapshots SET line_id = (SELECT r.id FROM runs r WHERE r.run_id = snapshots.run_id)')
-    op.create_index('ix_snapshots_line_id_through_message', 'snapshots', ['line_id', 'through_message'])
-    op.create_index('ix_snapshots_conversation_id_history_digest', 'snapshots', ['conversation_id', 'history_digest'])
+    n = names()
+    op.add_column(n.table('snapshots'), sa.Column('line_id', sa.BigInteger(), nullable=True))
+    op.add_column(n.table('snapshots'), sa.Column('history_digest', sa.String(64), nullable=True))
+    snapshots, runs = n.table('snapshots'), n.table('runs')
+    op.execute(f'UPDATE {snapshots} SET line_id = (SELECT r.id FROM {runs} r WHERE r.run_id = {snapshots}.run_id)')
+    op.create_index(
+        n.object('ix_snapshots_line_id_through_message'), n.table('snapshots'), ['line_id', 'through_message']
+    )
+    op.create_index(
+        n.object('ix_snapshots_conversation_id_history_digest'),
+        n.table('snapshots'),
+        ['conversation_id', 'history_digest'],
+    )
 
 
 def _runs_with_origins() -> None:
-    op.add_column('runs', sa.Column('origin_kind', sa.String(), nullable=True))
-    op.add_column('runs', sa.Column('origin_run_id', sa.String(), nullable=True))
-    op.add_column('runs', sa.Column('origin_seq', sa.BigInteger(), nullable=True))
+    n = names()
+    op.add_column(n.table('runs'), sa.Column('origin_kind', sa.String(), nullable=True))
+    op.add_column(n.table('runs'), sa.Column('origin_run_id', sa.String(), nullable=True))
+    op.add_column(n.table('runs'), sa.Column('origin_seq', sa.BigInteger(), nullable=True))
     # A plain ALTER TABLE ... DROP COLUMN (SQLite 3.35+): batch mode would copy the table under the views.
-    op.drop_column('runs', 'last_message_no')
-    op.create_index('ix_runs_agent_name_started_at_id', 'runs', ['agent_name', 'started_at', 'id'])
+    op.drop_column(n.table('runs'), 'last_message_no')
+    op.create_index(n.object('ix_runs_agent_name_started_at_id'), n.table('runs'), ['agent_name', 'started_at', 'id'])
     op.create_index(
-        'ix_runs_agent_name_conversation_id_started_at_id',
-        'runs',
+        n.object('ix_runs_agent_name_conversation_id_started_at_id'),
+        n.table('runs'),
         ['agent_name', 'conversation_id', 'started_at', 'id'],
     )
-    op.create_index('ix_runs_origin_run_id_started_at_id', 'runs', ['origin_run_id', 'started_at', 'id'])
     op.create_index(
-        'uq_runs_origin_run_id_origin_seq',
-        'runs',
+        n.object('ix_runs_origin_run_id_started_at_id'), n.table('runs'), ['origin_run_id', 'started_at', 'id']
+    )
+    op.create_index(
+        n.object('uq_runs_origin_run_id_origin_seq'),
+        n.table('runs'),
         ['origin_run_id', 'origin_seq'],
         unique=True,
         sqlite_where=CONTINUED,
@@ -123,30 +146,34 @@ def _runs_with_origins() -> None:
 
 
 def _create_conversations() -> None:
+    n = names()
+    runs = n.table('runs')
     op.create_table(
-        'conversations',
+        n.table('conversations'),
         sa.Column('conversation_id', sa.String(), nullable=False),
         sa.Column('first_started_at', DateTimeUTC(), nullable=False),
         sa.Column('last_started_at', DateTimeUTC(), nullable=False),
         sa.Column('run_count', sa.BigInteger(), nullable=False),
         sa.Column('head_run_pk', sa.BigInteger(), nullable=False),
         sa.Column('head_run_id', sa.String(), nullable=False),
-        sa.PrimaryKeyConstraint('conversation_id', name='pk_conversations'),
+        sa.PrimaryKeyConstraint('conversation_id', name=n.object('pk_conversations')),
     )
     op.create_index(
-        'ix_conversations_last_started_at_conversation_id', 'conversations', ['last_started_at', 'conversation_id']
+        n.object('ix_conversations_last_started_at_conversation_id'),
+        n.table('conversations'),
+        ['last_started_at', 'conversation_id'],
     )
     op.execute(
-        'INSERT INTO conversations '
+        f'INSERT INTO {n.table("conversations")} '
         '(conversation_id, first_started_at, last_started_at, run_count, head_run_pk, head_run_id) '
         'SELECT r.conversation_id, '
-        '(SELECT min(f.started_at) FROM runs f WHERE f.conversation_id = r.conversation_id), '
+        f'(SELECT min(f.started_at) FROM {runs} f WHERE f.conversation_id = r.conversation_id), '
         'r.started_at, '
-        '(SELECT count(*) FROM runs c WHERE c.conversation_id = r.conversation_id), '
+        f'(SELECT count(*) FROM {runs} c WHERE c.conversation_id = r.conversation_id), '
         'r.id, r.run_id '
-        'FROM runs r WHERE r.conversation_id IS NOT NULL AND NOT EXISTS ('
-        'SELECT 1 FROM runs n WHERE n.conversation_id = r.conversation_id '
-        'AND (n.started_at > r.started_at OR (n.started_at = r.started_at AND n.id > r.id)))'
+        f'FROM {runs} r WHERE r.conversation_id IS NOT NULL AND NOT EXISTS ('
+        f'SELECT 1 FROM {runs} later WHERE later.conversation_id = r.conversation_id '
+        'AND (later.started_at > r.started_at OR (later.started_at = r.started_at AND later.id > r.id)))'
     )
 
 
@@ -160,8 +187,9 @@ def upgrade() -> None:
 
 def _messages_with_run() -> sa.Table:
     """`messages` as this revision leaves it, with 0004's `run_id` added: what the downgrade copies from."""
+    n = names()
     return sa.Table(
-        'messages',
+        n.table('messages'),
         sa.MetaData(),
         sa.Column('line_id', sa.BigInteger(), autoincrement=False, nullable=False),
         sa.Column('no', sa.BigInteger(), autoincrement=False, nullable=False),
@@ -170,38 +198,43 @@ def _messages_with_run() -> sa.Table:
         sa.Column('body', EncodedJSON(), nullable=False),
         sa.Column('externalized', sa.Boolean(), nullable=False),
         sa.Column('run_id', sa.String(), nullable=True),
-        sa.PrimaryKeyConstraint('line_id', 'no', name='pk_messages'),
+        sa.PrimaryKeyConstraint('line_id', 'no', name=n.object('pk_messages')),
     )
 
 
 def downgrade() -> None:
     from step_persistence.migrations.renumbering import insert_renumbered, renumber_per_run
 
-    renumbered = renumber_per_run(op.get_bind())
-    op.drop_index('ix_conversations_last_started_at_conversation_id', table_name='conversations')
-    op.drop_table('conversations')
-    op.drop_index('uq_runs_origin_run_id_origin_seq', table_name='runs')
-    op.drop_index('ix_runs_origin_run_id_started_at_id', table_name='runs')
-    op.drop_index('ix_runs_agent_name_conversation_id_started_at_id', table_name='runs')
-    op.drop_index('ix_runs_agent_name_started_at_id', table_name='runs')
-    op.drop_column('runs', 'origin_seq')
-    op.drop_column('runs', 'origin_run_id')
-    op.drop_column('runs', 'origin_kind')
-    op.add_column('runs', sa.Column('last_message_no', sa.BigInteger(), server_default=sa.text('0'), nullable=False))
-    op.drop_index('ix_messages_line_id_position_no', table_name='messages')
-    op.execute('DELETE FROM messages')
-    op.add_column('messages', sa.Column('run_id', sa.String(), nullable=True))
-    with op.batch_alter_table('messages', copy_from=_messages_with_run()) as batch:
-        batch.drop_constraint('pk_messages', type_='primary')
+    n = names()
+    renumbered = renumber_per_run(op.get_bind(), n)
+    op.drop_index(n.object('ix_conversations_last_started_at_conversation_id'), table_name=n.table('conversations'))
+    op.drop_table(n.table('conversations'))
+    op.drop_index(n.object('uq_runs_origin_run_id_origin_seq'), table_name=n.table('runs'))
+    op.drop_index(n.object('ix_runs_origin_run_id_started_at_id'), table_name=n.table('runs'))
+    op.drop_index(n.object('ix_runs_agent_name_conversation_id_started_at_id'), table_name=n.table('runs'))
+    op.drop_index(n.object('ix_runs_agent_name_started_at_id'), table_name=n.table('runs'))
+    op.drop_column(n.table('runs'), 'origin_seq')
+    op.drop_column(n.table('runs'), 'origin_run_id')
+    op.drop_column(n.table('runs'), 'origin_kind')
+    op.add_column(
+        n.table('runs'), sa.Column('last_message_no', sa.BigInteger(), server_default=sa.text('0'), nullable=False)
+    )
+    op.drop_index(n.object('ix_messages_line_id_position_no'), table_name=n.table('messages'))
+    op.execute(f'DELETE FROM {n.table("messages")}')
+    op.add_column(n.table('messages'), sa.Column('run_id', sa.String(), nullable=True))
+    with op.batch_alter_table(n.table('messages'), copy_from=_messages_with_run()) as batch:
+        batch.drop_constraint(n.object('pk_messages'), type_='primary')
         batch.drop_column('line_id')
         batch.alter_column('run_id', existing_type=sa.String(), nullable=False)
-        batch.create_primary_key('pk_messages', ['run_id', 'no'])
-        batch.create_foreign_key('fk_messages_run_id_runs', 'runs', ['run_id'], ['run_id'], ondelete='CASCADE')
-    op.create_index('ix_messages_run_id_position_no', 'messages', ['run_id', 'position', 'no'])
-    insert_renumbered(op.get_bind(), renumbered)
-    op.drop_index('ix_snapshots_conversation_id_history_digest', table_name='snapshots')
-    op.drop_index('ix_snapshots_line_id_through_message', table_name='snapshots')
-    op.drop_column('snapshots', 'history_digest')
-    op.drop_column('snapshots', 'line_id')
-    op.drop_index('ix_history_lines_base_line_id_base_through', table_name='history_lines')
-    op.drop_table('history_lines')
+        batch.create_primary_key(n.object('pk_messages'), ['run_id', 'no'])
+        batch.create_foreign_key(
+            n.object('fk_messages_run_id_runs'), n.table('runs'), ['run_id'], ['run_id'], ondelete='CASCADE'
+        )
+    op.create_index(n.object('ix_messages_run_id_position_no'), n.table('messages'), ['run_id', 'position', 'no'])
+    insert_renumbered(op.get_bind(), renumbered, n)
+    op.drop_index(n.object('ix_snapshots_conversation_id_history_digest'), table_name=n.table('snapshots'))
+    op.drop_index(n.object('ix_snapshots_line_id_through_message'), table_name=n.table('snapshots'))
+    op.drop_column(n.table('snapshots'), 'history_digest')
+    op.drop_column(n.table('snapshots'), 'line_id')
+    op.drop_index(n.object('ix_history_lines_base_line_id_base_through'), table_name=n.table('history_lines'))
+    op.drop_table(n.table('history_lines'))

@@ -4,12 +4,14 @@
 `PostgresStepStore` are its named front doors. `SqlMediaStore` (front doors `SqliteMediaStore` and
 `PostgresMediaStore`, also exported by `step_persistence.media`) keeps blobs in the same tables.
 `include_name` is the Alembic hook with which an application sharing the database keeps these
-tables out of its own autogenerate. See docs/sql.md.
+tables out of its own autogenerate (`table_names(prefix).include_name` for a store given a
+`table_prefix`). See docs/sql.md.
 """
 
 from step_persistence.stores.sql.media_store import SqlMediaStore
+from step_persistence.stores.sql.naming import SchemaClash, TableNames, include_name, table_names
 from step_persistence.stores.sql.postgres import PostgresMediaStore, PostgresStepStore
-from step_persistence.stores.sql.schema import TABLE_NAMES, VERSION_TABLE, Base, include_name
+from step_persistence.stores.sql.schema import TABLE_NAMES, VERSION_TABLE, Base
 from step_persistence.stores.sql.sqlite import SqliteMediaStore, SqliteStepStore
 from step_persistence.stores.sql.store import SqlStepStore
 
@@ -19,9 +21,12 @@ __all__ = [
     'Base',
     'PostgresMediaStore',
     'PostgresStepStore',
+    'SchemaClash',
     'SqlMediaStore',
     'SqlStepStore',
     'SqliteMediaStore',
     'SqliteStepStore',
+    'TableNames',
     'include_name',
+    'table_names',
 ]

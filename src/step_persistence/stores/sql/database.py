@@ -41,6 +41,7 @@ from step_persistence.stores.sql.engines import (
     sqlite_engine,
 )
 from step_persistence.stores.sql.executors import AsyncExecutor, Executor, Operation, ThreadExecutor
+from step_persistence.stores.sql.naming import TableNames, table_names
 
 __all__ = [
     'DEFAULT_BUSY_TIMEOUT',
@@ -110,12 +111,15 @@ class Database:
         owns_engine: bool,
         in_caller_transaction: bool = False,
         schema: str | None = None,
+        table_prefix: str = '',
         description: str,
     ) -> None:
         if schema is not None and dialect_name != 'postgresql':
             raise ValueError(f'a schema name is only supported on PostgreSQL, not {dialect_name}')
         self.dialect_name = dialect_name
         self.schema = schema
+        self.names: TableNames = table_names(table_prefix)
+        """The names of the store's tables, views, indexes and version table here (`table_prefix` before each)."""
         self.description = description
         self.in_caller_transaction = in_caller_transaction
         """Whether operations run in a transaction the caller controls (an `AsyncConnection` or an
@@ -133,12 +137,12 @@ class Database:
         self._owns_engine = owns_engine
 
     @classmethod
-    def open(cls, target: DatabaseTarget, *, schema: str | None) -> Database:
+    def open(cls, target: DatabaseTarget, *, schema: str | None, table_prefix: str = '') -> Database:
         """The database a store is built on: from a URL (owned), an engine, a connection or a session (borrowed)."""
         if isinstance(target, AsyncEngine | AsyncConnection | AsyncSession):
-            return cls.borrowing(target, schema=schema)
+            return cls.borrowing(target, schema=schema, table_prefix=table_prefix)
         if isinstance(target, str | URL):
-            return cls.from_url(target, schema=schema)
+            return cls.from_url(target, schema=schema, table_prefix=table_prefix)
         raise TypeError(
             f'expected a database URL, an AsyncEngine, an AsyncConnection or an AsyncSession, '
             f'got {type(target).__name__}'
@@ -150,6 +154,7 @@ class Database:
         url: str | URL,
         *,
         schema: str | None = None,
+        table_prefix: str = '',
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
         synchronous: SqliteSynchronous = 'NORMAL',
     ) -> Database:
@@ -174,6 +179,7 @@ class Database:
             dialect_name=resolved.get_backend_name(),
             owns_engine=True,
             schema=schema,
+            table_prefix=table_prefix,
             description=description,
         )
         if resolved.get_backend_name() == 'sqlite' and resolved.database not in (None, '', ':memory:'):
@@ -188,6 +194,7 @@ class Database:
         connection: sqlite3.Connection | None,
         busy_timeout: float,
         synchronous: SqliteSynchronous = 'NORMAL',
+        table_prefix: str = '',
         owner: str,
     ) -> Database:
         """The database of a SQLite front door (`owner` names it in errors).
@@ -202,33 +209,38 @@ class Database:
                 raise TypeError('pass either database= or connection=, not both')
             if not isinstance(connection, sqlite3.Connection):
                 raise TypeError(f'connection= must be a sqlite3.Connection, got {type(connection).__name__}')
-            return cls.from_sqlite3(connection)
+            return cls.from_sqlite3(connection, table_prefix=table_prefix)
         if isinstance(database, AsyncEngine | AsyncConnection | AsyncSession):
             dialect_name = _sync_bind(database).dialect.name
             if dialect_name != 'sqlite':
                 raise ValueError(f'{owner} needs a SQLite engine, connection or session, got {dialect_name}')
-            return cls.borrowing(database, schema=None)
+            return cls.borrowing(database, schema=None, table_prefix=table_prefix)
         name = os.fspath('runs.db' if database is None else database)
         return cls.from_url(
-            URL.create('sqlite+aiosqlite', database=name), busy_timeout=busy_timeout, synchronous=synchronous
+            URL.create('sqlite+aiosqlite', database=name),
+            table_prefix=table_prefix,
+            busy_timeout=busy_timeout,
+            synchronous=synchronous,
         )
 
     @classmethod
-    def for_postgres(cls, url_or_engine: DatabaseTarget, *, schema: str | None, owner: str) -> Database:
+    def for_postgres(
+        cls, url_or_engine: DatabaseTarget, *, schema: str | None, table_prefix: str = '', owner: str
+    ) -> Database:
         """The database of a PostgreSQL front door (`owner` names it in errors): a URL, engine, connection or
         session."""
         if isinstance(url_or_engine, AsyncEngine | AsyncConnection | AsyncSession):
             dialect_name = _sync_bind(url_or_engine).dialect.name
             if dialect_name != 'postgresql':
                 raise ValueError(f'{owner} needs a PostgreSQL database, got a {dialect_name} engine')
-            return cls.borrowing(url_or_engine, schema=schema)
+            return cls.borrowing(url_or_engine, schema=schema, table_prefix=table_prefix)
         url = resolve_url(url_or_engine)
         if url.get_backend_name() != 'postgresql':
             raise ValueError(f'{owner} needs a PostgreSQL database, got {redact(url)}')
-        return cls.from_url(url, schema=schema)
+        return cls.from_url(url, schema=schema, table_prefix=table_prefix)
 
     @classmethod
-    def borrowing(cls, bind: Borrowed, *, schema: str | None = None) -> Database:
+    def borrowing(cls, bind: Borrowed, *, schema: str | None = None, table_prefix: str = '') -> Database:
         """An application's engine (used as configured, never disposed), connection (statements join its
         transaction; nothing is committed, rolled back or closed) or session (statements run on its
         connection, in its current transaction, which the store never commits, rolls back or closes).
@@ -252,11 +264,12 @@ class Database:
             owns_engine=False,
             in_caller_transaction=not is_engine,
             schema=schema,
+            table_prefix=table_prefix,
             description=description,
         )
 
     @classmethod
-    def from_sqlite3(cls, connection: sqlite3.Connection) -> Database:
+    def from_sqlite3(cls, connection: sqlite3.Connection, *, table_prefix: str = '') -> Database:
         """An application's `sqlite3.Connection` (opened with `check_same_thread=False`).
 
         The store drives it from a worker thread, commits each operation it makes, and never
@@ -267,6 +280,7 @@ class Database:
             ThreadExecutor(sqlite3_engine(connection), threads=1),
             dialect_name='sqlite',
             owns_engine=True,
+            table_prefix=table_prefix,
             description='a sqlite3 connection',
         )
 
@@ -277,7 +291,7 @@ class Database:
         rolled back here.
         """
         try:
-            return await self._executor.run(operation, write=write, options=self._options)
+            return await self._executor.run(operation, write=write, options=self._options, names=self.names)
         except DBAPIError as error:
             if self.dialect_name != 'postgresql':
                 raise

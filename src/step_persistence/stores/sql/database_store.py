@@ -27,7 +27,7 @@ from sqlalchemy import column, inspect, select, table
 from step_persistence._closing import ClosesOnExit
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
-from step_persistence.stores.sql.schema import VERSION_TABLE, runs
+from step_persistence.stores.sql.naming import CLASH_REMEDY
 
 __all__ = ['HEAD_REVISION', 'SCHEMA_REVISIONS', 'DatabaseStore', 'SchemaNotReadyError']
 
@@ -60,17 +60,19 @@ class SchemaNotReadyError(RuntimeError):
         self.upgradable = upgradable
 
 
-def _recorded_schema(transaction: Transaction, *, schema: str | None) -> tuple[list[str], bool]:
+def _recorded_schema(transaction: Transaction, *, schema: str | None) -> tuple[list[str], list[str]]:
     """The revisions the version table records (none without the table) and, when it records none,
-    whether the store's tables exist anyway (made by other means and never stamped)."""
+    the tables named as the store's that exist anyway (made by other means, or the application's)."""
     connection = transaction.connection
+    names = transaction.names
     inspector = inspect(connection)
     revisions: list[str] = []
-    if inspector.has_table(VERSION_TABLE, schema=schema):
-        version = table(VERSION_TABLE, column('version_num'), schema=schema)
+    if inspector.has_table(names.version_table, schema=schema):
+        version = table(names.version_table, column('version_num'), schema=schema)
         revisions = [str(row[0]) for row in connection.execute(select(version.c.version_num))]
-    tables_without_revision = not revisions and inspector.has_table(runs.name, schema=schema)
-    return revisions, tables_without_revision
+    if revisions:
+        return revisions, []
+    return revisions, sorted(set(inspector.get_table_names(schema=schema)) & names.tables)
 
 
 class DatabaseStore(ClosesOnExit):
@@ -122,8 +124,8 @@ class DatabaseStore(ClosesOnExit):
         where = f'the database ({database.description})'
         if tables_without_revision:
             raise SchemaNotReadyError(
-                f'{where} holds step-persistence tables but records no schema revision',
-                f'record the one they are at with `step-persistence db stamp REV`, then {UPGRADE_HINT}',
+                f'{where} holds tables named {", ".join(tables_without_revision)} but records no schema revision',
+                CLASH_REMEDY,
                 revision=None,
                 upgradable=False,
             )

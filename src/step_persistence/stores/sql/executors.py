@@ -47,6 +47,7 @@ from sqlalchemy.util import greenlet_spawn
 
 from step_persistence._cancellation import run_to_completion
 from step_persistence.stores.sql.engines import WRITE_OPTION
+from step_persistence.stores.sql.naming import DEFAULT_NAMES, TableNames
 from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.sqlite_writer import SqliteWriter
 
@@ -70,6 +71,8 @@ class Transaction:
     `preserve_rowcount`)."""
     driver: Any = None
     """The DBAPI connection under `connection`, when `Prepared` statements may run on it directly."""
+    names: TableNames = DEFAULT_NAMES
+    """The names of the store's tables in this database: every statement is translated onto them."""
 
     def execute(self, statement: Executable | Prepared, parameters: Any = None) -> Any:
         """Run `statement` (with `parameters`: a dict, or a list of dicts for many rows); its result.
@@ -77,6 +80,7 @@ class Transaction:
         The result is a `CursorResult`, or for a `Prepared` statement run on the driver a
         `DriverResult`: either way `rowcount`, `first()`, `all()` and iteration over plain rows.
         """
+        statement = self.names.translate(statement)
         if isinstance(statement, Prepared):
             if self.driver is not None:
                 dialect = self.connection.dialect
@@ -100,8 +104,11 @@ Operation = Callable[[Transaction], T]
 class Executor(Protocol):
     """Runs operations in transactions of one database."""
 
-    async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
-        """`operation` in one transaction (writing: SQLite `BEGIN IMMEDIATE`), committed if it returns."""
+    async def run(
+        self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames = DEFAULT_NAMES
+    ) -> T:
+        """`operation` in one transaction (writing: SQLite `BEGIN IMMEDIATE`), committed if it returns, its
+        statements run with `options` on the tables `names` names."""
         ...
 
     async def dispose(self) -> None:
@@ -119,10 +126,13 @@ class ThreadExecutor:
         self._single_connection = isinstance(engine.pool, StaticPool)
         """With one connection to share, reads go through the writer thread too."""
 
-    async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
+    async def run(
+        self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames = DEFAULT_NAMES
+    ) -> T:
         if write or self._single_connection:
-            return await self._writer.run(partial(_with_transaction, operation, options), write=write)
-        return await anyio.to_thread.run_sync(_in_transaction, self._engine, operation, options, limiter=self._threads)
+            return await self._writer.run(partial(_with_transaction, operation, options, names=names), write=write)
+        run = partial(_in_transaction, self._engine, operation, options, names=names)
+        return await anyio.to_thread.run_sync(run, limiter=self._threads)
 
     async def dispose(self) -> None:
         await anyio.to_thread.run_sync(self._writer.stop, limiter=self._threads)
@@ -130,17 +140,29 @@ class ThreadExecutor:
 
 
 def _with_transaction(
-    operation: Operation[T], options: Mapping[str, Any], connection: Connection, *, direct: bool = True
+    operation: Operation[T],
+    options: Mapping[str, Any],
+    connection: Connection,
+    *,
+    direct: bool = True,
+    names: TableNames = DEFAULT_NAMES,
 ) -> T:
     """`operation` on `connection`, already in its transaction; with `direct` (and no options), `Prepared`
     statements run on the DBAPI connection."""
     driver = connection.connection.dbapi_connection if direct and not options else None
-    return operation(Transaction(connection, {**options, **_PRESERVE_ROWCOUNT}, driver))
+    return operation(Transaction(connection, {**options, **_PRESERVE_ROWCOUNT}, driver, names))
 
 
-def _in_transaction(engine: Engine, operation: Operation[T], options: Mapping[str, Any], *, direct: bool = True) -> T:
+def _in_transaction(
+    engine: Engine,
+    operation: Operation[T],
+    options: Mapping[str, Any],
+    *,
+    direct: bool = True,
+    names: TableNames = DEFAULT_NAMES,
+) -> T:
     with engine.connect() as connection, connection.begin():
-        return _with_transaction(operation, options, connection, direct=direct)
+        return _with_transaction(operation, options, connection, direct=direct, names=names)
 
 
 class AsyncExecutor:
@@ -165,26 +187,32 @@ class AsyncExecutor:
         self._uninterruptible = sqlite
         """A cancellation waits for the operation in flight instead of interrupting its statement."""
 
-    async def run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
+    async def run(
+        self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames = DEFAULT_NAMES
+    ) -> T:
         if self._uninterruptible:
-            return await run_to_completion(self._run(operation, write=write, options=options))
-        return await self._run(operation, write=write, options=options)
+            return await run_to_completion(self._run(operation, write=write, options=options, names=names))
+        return await self._run(operation, write=write, options=options, names=names)
 
-    async def _run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any]) -> T:
+    async def _run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames) -> T:
         writer = self._writer if write else None
         async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
             if isinstance(self._bind, AsyncSession):
                 # The connection of the session's current transaction (begun now if none is open): after
                 # the application commits, the next operation runs in the session's next transaction.
                 connection = await self._bind.connection()
-                return await connection.run_sync(partial(_with_transaction, operation, options, direct=False))
+                return await connection.run_sync(
+                    partial(_with_transaction, operation, options, direct=False, names=names)
+                )
             if isinstance(self._bind, AsyncConnection):
-                return await self._bind.run_sync(partial(_with_transaction, operation, options, direct=self._direct))
+                return await self._bind.run_sync(
+                    partial(_with_transaction, operation, options, direct=self._direct, names=names)
+                )
             # The whole transaction (checkout, BEGIN, the operation, COMMIT, check-in) in one greenlet,
             # as `AsyncConnection.run_sync` runs one function: the same pool and engine events as
             # `async with engine.connect(), connection.begin()`, without a greenlet for each of them.
             engine = self._bind.sync_engine
-            return await greenlet_spawn(_in_transaction, engine, operation, options, direct=self._direct)
+            return await greenlet_spawn(_in_transaction, engine, operation, options, direct=self._direct, names=names)
 
     async def dispose(self) -> None:
         if isinstance(self._bind, AsyncEngine):

@@ -65,7 +65,7 @@ class SqlMediaStore(DatabaseStore):
     `target` is a URL (`sqlite:///runs.db`, `postgresql://...`; the store owns its engine and
     disposes of it in `aclose()`), an application's `AsyncEngine` (never disposed) or
     `AsyncConnection` (blobs are written in the caller's transaction, never committed, rolled
-    back or closed by the store). `schema` (PostgreSQL only) and `auto_migrate` work as for
+    back or closed by the store). `schema` (PostgreSQL only), `table_prefix` and `auto_migrate` work as for
     `SqlStepStore`: the tables are shared with it, and either store can create them.
 
     One row per blob, keyed by its SHA-256: putting stored bytes again writes nothing and keeps the
@@ -86,10 +86,15 @@ class SqlMediaStore(DatabaseStore):
         target: DatabaseTarget,
         *,
         schema: str | None = None,
+        table_prefix: str = '',
         auto_migrate: bool = True,
         public_url: PublicUrlResolver | None = None,
     ) -> None:
-        self._start(Database.open(target, schema=schema), auto_migrate=auto_migrate, public_url=public_url)
+        self._start(
+            Database.open(target, schema=schema, table_prefix=table_prefix),
+            auto_migrate=auto_migrate,
+            public_url=public_url,
+        )
 
     def _start(
         self,

@@ -15,7 +15,7 @@ from sqlalchemy.engine import Connection
 
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Operation, Transaction
-from step_persistence.stores.sql.schema import VERSION_TABLE
+from step_persistence.stores.sql.naming import DEFAULT_NAMES, TableNames
 
 T = TypeVar('T')
 
@@ -25,33 +25,40 @@ SCRIPT_LOCATION = 'step_persistence:migrations'
 """Where Alembic finds the migrations in an installed package."""
 
 
-def alembic_config(*, connection: Connection | None = None, schema: str | None = None) -> Config:
+def alembic_config(
+    *, connection: Connection | None = None, schema: str | None = None, names: TableNames = DEFAULT_NAMES
+) -> Config:
     """An Alembic `Config` for the packaged migrations, optionally bound to a caller's connection.
 
     With `connection` (synchronous, inside a transaction the caller commits), `env.py` migrates
-    on it instead of opening its own engine.
+    on it instead of opening its own engine; `names` are the tables' (a table prefix).
     """
     config = Config()
     config.set_main_option('script_location', SCRIPT_LOCATION)
     config.attributes['connection'] = connection
     config.attributes['schema'] = schema
+    config.attributes['table_names'] = names
     return config
 
 
+def _config(transaction: Transaction, schema: str | None) -> Config:
+    return alembic_config(connection=transaction.connection, schema=schema, names=transaction.names)
+
+
 def _upgrade(transaction: Transaction, schema: str | None, revision: str) -> None:
-    command.upgrade(alembic_config(connection=transaction.connection, schema=schema), revision)
+    command.upgrade(_config(transaction, schema), revision)
 
 
 def _downgrade(transaction: Transaction, schema: str | None, revision: str) -> None:
-    command.downgrade(alembic_config(connection=transaction.connection, schema=schema), revision)
+    command.downgrade(_config(transaction, schema), revision)
 
 
 def _stamp(transaction: Transaction, schema: str | None, revision: str) -> None:
-    command.stamp(alembic_config(connection=transaction.connection, schema=schema), revision)
+    command.stamp(_config(transaction, schema), revision)
 
 
 def _current(transaction: Transaction, schema: str | None) -> str | None:
-    options = {'version_table': VERSION_TABLE, 'version_table_schema': schema}
+    options = {'version_table': transaction.names.version_table, 'version_table_schema': schema}
     return MigrationContext.configure(transaction.connection, opts=options).get_current_revision()
 
 

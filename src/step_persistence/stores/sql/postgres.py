@@ -27,7 +27,8 @@ class PostgresStepStore(SqlStepStore):
     `schema` puts the tables and the migration version table in that PostgreSQL schema (created
     if missing, by the first write or `migrate()`; reading never creates or migrates anything),
     beside an application's own tables. Creating or upgrading the schema takes a
-    transaction-level advisory lock, so several processes may start at once.
+    transaction-level advisory lock, so several processes may start at once. `table_prefix` starts
+    every name of the store's schema with it, as for `SqlStepStore`.
     """
 
     def __init__(
@@ -35,13 +36,14 @@ class PostgresStepStore(SqlStepStore):
         url_or_engine: DatabaseTarget,
         schema: str | None = None,
         *,
+        table_prefix: str = '',
         auto_migrate: bool = True,
         max_snapshots_per_run: int | None = None,
         media_store: MediaSetting = 'auto',
         media_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
     ) -> None:
         self._start(
-            Database.for_postgres(url_or_engine, schema=schema, owner='PostgresStepStore'),
+            Database.for_postgres(url_or_engine, schema=schema, table_prefix=table_prefix, owner='PostgresStepStore'),
             auto_migrate=auto_migrate,
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
@@ -58,11 +60,12 @@ class PostgresMediaStore(SqlMediaStore):
         url_or_engine: DatabaseTarget,
         schema: str | None = None,
         *,
+        table_prefix: str = '',
         auto_migrate: bool = True,
         public_url: PublicUrlResolver | None = None,
     ) -> None:
         self._start(
-            Database.for_postgres(url_or_engine, schema=schema, owner='PostgresMediaStore'),
+            Database.for_postgres(url_or_engine, schema=schema, table_prefix=table_prefix, owner='PostgresMediaStore'),
             auto_migrate=auto_migrate,
             public_url=public_url,
         )

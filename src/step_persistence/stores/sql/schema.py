@@ -7,13 +7,14 @@ create exactly this schema; a test checks that they agree.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
     Boolean,
+    Column,
+    Float,
     ForeignKey,
     Index,
     Integer,
@@ -32,6 +33,7 @@ __all__ = [
     'NAMING_CONVENTION',
     'TABLE_NAMES',
     'VERSION_TABLE',
+    'VIEWS',
     'Base',
     'Conversation',
     'Event',
@@ -45,12 +47,13 @@ __all__ = [
     'conversations',
     'events',
     'history_lines',
-    'include_name',
     'media',
     'messages',
+    'run_summary',
     'runs',
     'snapshot_keys',
     'snapshots',
+    'tool_call_stats',
     'tool_effects',
 ]
 
@@ -304,16 +307,43 @@ snapshot_keys: Table = Base.metadata.tables['snapshot_keys']
 tool_effects: Table = Base.metadata.tables['tool_effects']
 media: Table = Base.metadata.tables['media']
 
+VIEWS = MetaData()
+"""The reporting views, described as tables (never created from here: migration 0003 does), in a metadata of
+their own so that `Base.metadata` (what the migrations are compared with) holds the tables only."""
+
+run_summary = Table(
+    'run_summary',
+    VIEWS,
+    Column('run_id', String()),
+    Column('agent_name', String()),
+    Column('conversation_id', String()),
+    Column('parent_run_id', String()),
+    Column('started_at', DateTimeUTC()),
+    Column('ended_at', DateTimeUTC()),
+    Column('status', String()),
+    Column('duration_seconds', Float()),
+    Column('model_requests', Integer()),
+    Column('tool_calls', Integer()),
+    Column('tool_failures', Integer()),
+    Column('unresolved_effects', Integer()),
+    Column('snapshots', Integer()),
+    Column('latest_snapshot_state', String()),
+)
+"""The `run_summary` view: one row per run, the fields of `RunSummary`."""
+
+tool_call_stats = Table(
+    'tool_call_stats',
+    VIEWS,
+    Column('tool_name', String()),
+    Column('calls', Integer()),
+    Column('failures', Integer()),
+    Column('unresolved', Integer()),
+    Column('total_seconds', Float()),
+    Column('mean_seconds', Float()),
+    Column('max_seconds', Float()),
+)
+"""The `tool_call_stats` view: one row per tool name in the ledger, the fields of `ToolStats`."""
+
+
 TABLE_NAMES: frozenset[str] = frozenset(Base.metadata.tables)
 """The tables this library owns (besides `VERSION_TABLE`)."""
-
-
-def include_name(name: str | None, type_: str, parent_names: Mapping[str, str | None]) -> bool:
-    """Alembic `include_name` hook for an application sharing the database: skip our tables.
-
-    Pass it to `context.configure(include_name=...)` in the application's `env.py` so that
-    `alembic revision --autogenerate` neither drops nor alters step-persistence's tables.
-    """
-    if type_ == 'table':
-        return name not in TABLE_NAMES and name != VERSION_TABLE
-    return True

@@ -38,6 +38,8 @@ class SqliteStepStore(SqlStepStore):
       would be committed (or, when a store operation fails, rolled back) with the store's.
     - An application's `AsyncEngine` (never disposed) or `AsyncConnection` (the store writes
       in the caller's transaction and never commits, rolls back or closes it).
+
+    `table_prefix` starts every name of the store's schema with it, as for `SqlStepStore`.
     """
 
     def __init__(
@@ -45,6 +47,7 @@ class SqliteStepStore(SqlStepStore):
         database: SqliteTarget = None,
         *,
         connection: sqlite3.Connection | None = None,
+        table_prefix: str = '',
         auto_migrate: bool = True,
         max_snapshots_per_run: int | None = None,
         media_store: MediaSetting = 'auto',
@@ -58,6 +61,7 @@ class SqliteStepStore(SqlStepStore):
                 connection=connection,
                 busy_timeout=busy_timeout,
                 synchronous=synchronous,
+                table_prefix=table_prefix,
                 owner='SqliteStepStore',
             ),
             auto_migrate=auto_migrate,
@@ -77,12 +81,19 @@ class SqliteMediaStore(SqlMediaStore):
         database: SqliteTarget = None,
         *,
         connection: sqlite3.Connection | None = None,
+        table_prefix: str = '',
         auto_migrate: bool = True,
         public_url: PublicUrlResolver | None = None,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
     ) -> None:
         self._start(
-            Database.for_sqlite(database, connection=connection, busy_timeout=busy_timeout, owner='SqliteMediaStore'),
+            Database.for_sqlite(
+                database,
+                connection=connection,
+                busy_timeout=busy_timeout,
+                table_prefix=table_prefix,
+                owner='SqliteMediaStore',
+            ),
             auto_migrate=auto_migrate,
             public_url=public_url,
         )

@@ -60,6 +60,9 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
       the store never commits, rolls back or closes it (the caller does).
 
     `schema` (PostgreSQL only) puts the tables and the migration version table in that schema.
+    `table_prefix` (say `'sp_'`) starts the name of every table, view, index and constraint of the
+    store and of its version table with it (`sp_runs`, `sp_messages`...): a database the
+    application shares keeps its own `messages` or `runs` (see docs/sql.md).
     With `auto_migrate` (the default) the schema is created or upgraded before the first write;
     otherwise run `step-persistence db upgrade` (see docs/sql.md) or `await store.migrate()` first.
     Reading never writes: a read creates and migrates nothing. On a database that holds no tables
@@ -84,13 +87,14 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         target: DatabaseTarget,
         *,
         schema: str | None = None,
+        table_prefix: str = '',
         auto_migrate: bool = True,
         max_snapshots_per_run: int | None = None,
         media_store: MediaSetting = 'auto',
         media_threshold_bytes: int = DEFAULT_THRESHOLD_BYTES,
     ) -> None:
         self._start(
-            Database.open(target, schema=schema),
+            Database.open(target, schema=schema, table_prefix=table_prefix),
             auto_migrate=auto_migrate,
             max_snapshots_per_run=max_snapshots_per_run,
             media_store=media_store,
