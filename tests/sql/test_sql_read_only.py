@@ -9,6 +9,7 @@ migrates automatically still creates or upgrades them.
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,10 +21,12 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import PostgresStepStore, RunRecord, SqliteStepStore, SqlStepStore, from_spec
+from step_persistence.media import SqlMediaStore
 from step_persistence.reclaiming import MediaCollection
 from step_persistence.stores.sql import VERSION_TABLE
 from step_persistence.stores.sql.database_store import HEAD_REVISION, SCHEMA_REVISIONS, SchemaNotReadyError
 from step_persistence.stores.sql.migrate import alembic_config, current, downgrade
+from step_persistence.stores.sql.reporting import read_report
 from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
@@ -45,11 +48,16 @@ READS: dict[str, Read] = {
     'list_unresolved_tool_effects': lambda store: store.list_unresolved_tool_effects(run_id='r'),
     'runs_started_before': lambda store: store.runs_started_before(datetime.now(UTC)),
     'prune_runs': lambda store: store.prune_runs(older_than=datetime.now(UTC)),
+    'read_report': read_report,
 }
 """Every read of the protocol (and pruning, which reads before it deletes), with what it finds in an empty store."""
 
 NOTHING: dict[str, Any] = {
-    name: None if name in ('get_run', 'find_snapshot', 'latest_snapshot', 'get_tool_effect') else [] for name in READS
+    **{
+        name: None if name in ('get_run', 'find_snapshot', 'latest_snapshot', 'get_tool_effect') else []
+        for name in READS
+    },
+    'read_report': ([], []),
 }
 
 
@@ -245,3 +253,40 @@ def test_the_revisions_are_the_migrations() -> None:
     walked = [revision.revision for revision in reversed(list(script.walk_revisions()))]
     assert walked == list(SCHEMA_REVISIONS)
     assert script.get_current_head() == HEAD_REVISION
+
+
+async def test_a_media_store_of_its_own_reads_without_creating_or_migrating(
+    empty_database: EmptyDatabase, tmp_path: Path
+) -> None:
+    missing = tmp_path / 'nothing-here' / 'media.db'
+    for url in (f'sqlite:///{missing}', empty_database.url):
+        async with SqlMediaStore(url) as media:
+            assert [blob async for blob in media.list_blobs()] == []
+            assert await media.exists('media+sha256://' + '0' * 64) is False
+            with pytest.raises(FileNotFoundError):
+                await media.get('media+sha256://' + '0' * 64)
+    assert not missing.parent.exists()
+    assert await empty_database.table_names() == set()
+    await an_old_database(empty_database.url)
+    async with SqlMediaStore(empty_database.url) as media:
+        with pytest.raises(SchemaNotReadyError, match='0004'):
+            await media.exists('media+sha256://' + '0' * 64)
+        uri = await media.put(b'bytes')  # a write upgrades
+        assert await media.get(uri) == b'bytes'
+
+
+async def test_reads_leave_a_sqlite_file_as_they_found_it_even_its_journal_mode(tmp_path: Path) -> None:
+    path = tmp_path / 'app.db'
+    async with SqliteStepStore(path) as store:
+        await store.register_run(record('kept'))
+    with sqlite3.connect(path) as connection:  # an application's file, in the default rollback-journal mode
+        assert connection.execute('PRAGMA journal_mode = DELETE').fetchone() == ('delete',)
+    before = path.read_bytes()
+    async with SqliteStepStore(path) as store:
+        assert [run.run_id for run in await store.list_runs()] == ['kept']
+        assert await store.get_run(run_id='kept') is not None
+    assert path.read_bytes() == before, 'reading wrote nothing, not even the journal mode'
+    async with SqliteStepStore(path) as store:
+        await store.register_run(record('new'))  # the store's first write switches the file to WAL
+    with sqlite3.connect(path) as connection:
+        assert connection.execute('PRAGMA journal_mode').fetchone() == ('wal',)

@@ -229,8 +229,13 @@ def _refuse_dead_connection(dbapi_connection: Any, record: ConnectionPoolEntry, 
             raise DisconnectionError(f'a pooled connection idle for {idle:.0f} s did not answer') from error
 
 
+_WAL_PENDING = 'step_persistence.wal_pending'
+"""Key of a pooled SQLite connection's `info`: its file is to be switched to WAL by its first write."""
+
+
 def sqlite_engine(database: str, *, busy_timeout: float, synchronous: SqliteSynchronous, pool_size: int) -> Engine:
-    """An engine on a SQLite file (WAL journal, foreign keys, `synchronous`), or on `':memory:'`.
+    """An engine on a SQLite file (WAL journal from the first write on, foreign keys, `synchronous`), or on
+    `':memory:'`.
 
     A file gets a pool of `pool_size` connections, shared by the store's writer and worker threads; an
     in-memory database is one connection (`StaticPool`), since each connection would be a
@@ -250,7 +255,9 @@ def sqlite_engine(database: str, *, busy_timeout: float, synchronous: SqliteSync
         cursor = dbapi_connection.cursor()
         cursor.execute('PRAGMA foreign_keys = ON')
         if wal:
-            cursor.execute('PRAGMA journal_mode = WAL')
+            # Switching to WAL writes the file's header: left to the first write transaction (reading never
+            # writes), unless the file is in WAL mode already.
+            record.info[_WAL_PENDING] = cursor.execute('PRAGMA journal_mode').fetchone()[0].lower() != 'wal'
             cursor.execute(f'PRAGMA synchronous = {synchronous}')
         cursor.close()
 
@@ -278,6 +285,8 @@ def _begin_explicitly(engine: Engine) -> None:
         if driver.in_transaction:
             return
         write = bool(connection.get_execution_options().get(WRITE_OPTION))
+        if write and connection.connection.info.pop(_WAL_PENDING, False):
+            driver.execute('PRAGMA journal_mode = WAL')
         driver.execute('BEGIN IMMEDIATE' if write else 'BEGIN')
 
 

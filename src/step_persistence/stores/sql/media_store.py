@@ -163,8 +163,9 @@ class SqlMediaStore(DatabaseStore):
 
     async def list_blobs(self) -> AsyncIterator[StoredBlob]:
         """Every blob row; one whose digest or touched time cannot be read is logged and left out (so
-        collection never deletes it)."""
-        await self._ready()
+        collection never deletes it). None in a database without the tables (nothing is created)."""
+        if not await self._ready_to_read():
+            return
         rows = await self._db.run(partial(fetch, statement=_BLOBS), write=False)
         for row in read_each(rows, _blob_name, _stored_blob):
             yield row
@@ -180,11 +181,11 @@ class SqlMediaStore(DatabaseStore):
 
     async def _column(self, uri: str, column: str) -> Any:
         """The blob's value in `column` (`Unreadable` if it cannot be decoded); `FileNotFoundError` if there
-        is no such blob."""
+        is no such blob (also in a database without the tables, where nothing is created)."""
         require_text('uri', uri)
         statement = select(_READABLE[column]).where(media.c.digest == parse_media_uri(uri))
-        await self._ready()
-        found = await self._db.run(partial(fetch, statement=statement), write=False)
+        ready = await self._ready_to_read()
+        found = await self._db.run(partial(fetch, statement=statement), write=False) if ready else []
         row = found[0] if found else None
         if row is None:
             raise FileNotFoundError(f'blob {uri} is not in the media table of {self._db.description}')

@@ -36,9 +36,12 @@ __all__ = ['VIEWS', 'read_report', 'run_summary', 'tool_call_stats']
 async def read_report(store: SqlStepStore) -> tuple[list[RunSummary], list[ToolStats]]:
     """Every run's summary (in `list_runs` order) and every tool's statistics (by tool name).
 
-    Statuses are judged by the database's clock. Like every read of the store, this creates or
-    upgrades the schema first when the store migrates automatically.
+    Statuses are judged by the database's clock. Like every read, this creates and migrates nothing:
+    a database without the tables reports nothing, one at an older revision raises
+    `SchemaNotReadyError`.
     """
+    if not await store.has_schema():
+        return [], []
     database = await store.ready_database()
 
     def read(transaction: Transaction) -> tuple[list[Any], list[Any]]:
