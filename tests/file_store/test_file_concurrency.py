@@ -117,7 +117,7 @@ def test_duplicate_registration_across_processes_admits_exactly_one(tmp_path: Pa
     winners = [outcome for outcome in outcomes if outcome != 'duplicate']
     assert len(winners) == 1 and outcomes.count('duplicate') == PROCESSES - 1
     stored = json.loads((tmp_path / 'contested' / 'run.json').read_text())
-    assert stored['run']['agent_name'] == winners[0]
+    assert stored['agent_name'] == winners[0]
     assert list((tmp_path / '@tmp').iterdir()) == [], 'losers leave no staging directories behind'
 
 

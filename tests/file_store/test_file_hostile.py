@@ -263,6 +263,7 @@ LINKABLE = [
     'run/snapshots.jsonl',
     'run/run.lock',
     'run/run.json',
+    'run/registration.json',
     'run/snapshots',
     'run',
     'LINE/messages.jsonl',

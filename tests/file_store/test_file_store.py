@@ -51,7 +51,8 @@ def snapshot(run_id: str, step: int, **fields: Any) -> ContinuableSnapshot:
 
 async def test_a_run_is_a_directory_of_readable_json_files(tmp_path: Path) -> None:
     store = FileStepStore(tmp_path)
-    await store.register_run(RunRecord(run_id='run-1', agent_name='librarian', metadata={'tenant': 'acme ✓'}))
+    record = RunRecord(run_id='run-1', agent_name='librarian', metadata={'tenant': 'acme ✓'})
+    await store.register_run(record)
     await store.append_event(StepEvent(run_id='run-1', kind='run_started', step_index=0))
     await store.save_snapshot(snapshot('run-1', 1))
     await store.save_snapshot(snapshot('run-1', 2, state='interrupted', idempotency_key='snap-2'))
@@ -60,6 +61,7 @@ async def test_a_run_is_a_directory_of_readable_json_files(tmp_path: Path) -> No
     run_dir = tmp_path / 'run-1'
     assert sorted(path.name for path in run_dir.iterdir()) == [
         'events.jsonl',
+        'registration.json',
         'run.json',
         'run.lock',
         'snapshots',
@@ -67,8 +69,10 @@ async def test_a_run_is_a_directory_of_readable_json_files(tmp_path: Path) -> No
         'tool_effects.jsonl',
     ]
     run_text = (run_dir / 'run.json').read_text()
-    assert '\n  "run": {\n' in run_text, 'single-object files are indented'
-    assert json.loads(run_text)['run']['metadata'] == {'tenant': 'acme ✓'}
+    assert run_text.startswith('{\n  "run_id": "run-1",\n'), 'single-object files are indented'
+    assert RunRecord.model_validate_json(run_text) == record, 'run.json is the record itself'
+    assert json.loads(run_text)['metadata'] == {'tenant': 'acme ✓'}
+    assert list(json.loads((run_dir / 'registration.json').read_text())) == ['registered_ns']
     assert 'acme ✓' in run_text, 'non-ASCII text stays readable'
     assert re.search(r'"started_at": "\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+Z"', run_text)
 
@@ -207,12 +211,16 @@ async def test_get_run_raises_for_a_corrupt_run_file_and_list_runs_skips_it(
     store = FileStepStore(tmp_path)
     await store.register_run(RunRecord(run_id='good'))
     await store.register_run(RunRecord(run_id='bad'))
-    corrupt = {'run': {'run_id': 'bad', 'started_at': 'yesterday'}, 'registered_ns': 1}
-    (tmp_path / 'bad' / 'run.json').write_text(json.dumps(corrupt))
-    with pytest.raises(ValueError, match='started_at'):
-        await store.get_run(run_id='bad')
-    assert [run.run_id for run in await store.list_runs()] == ['good']
-    assert 'bad/run.json' in caplog.text
+    for corrupt in (
+        {'run_id': 'bad', 'started_at': 'yesterday'},
+        {'run': {'run_id': 'bad', 'started_at': 'yesterday'}, 'registered_ns': 1},  # as written before issue 19
+    ):
+        caplog.clear()
+        (tmp_path / 'bad' / 'run.json').write_text(json.dumps(corrupt))
+        with pytest.raises(ValueError, match='started_at'):
+            await store.get_run(run_id='bad')
+        assert [run.run_id for run in await store.list_runs()] == ['good']
+        assert 'bad/run.json' in caplog.text
 
 
 async def test_deleting_a_run_removes_its_directory_only(tmp_path: Path) -> None:
@@ -329,6 +337,7 @@ async def test_fsync_makes_files_and_directory_entries_durable(tmp_path: Path, m
         'the store directory (run entry)': root,
         'the run directory': run_dir,
         'run.json': run_dir / 'run.json',
+        'registration.json': run_dir / 'registration.json',
         'run.lock': run_dir / 'run.lock',
         'events.jsonl': run_dir / 'events.jsonl',
         'snapshots.jsonl': run_dir / 'snapshots.jsonl',

@@ -124,6 +124,7 @@ async def check_one(
 
 FILES = [
     'run.json',
+    'registration.json',
     'run.lock',  # no data, only the run's incarnation token: a damaged one must not break reads either
     'events.jsonl',
     'tool_effects.jsonl',

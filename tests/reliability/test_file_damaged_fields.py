@@ -1,9 +1,10 @@
 """FileStepStore: one field of one line or file set to a hostile value (or removed) never hides the rest.
 
 `test_corruption.py` writes random bytes, which mostly breaks a line's JSON. This goes one field at a
-time through every file of a run (`run.json`, `events.jsonl`, `tool_effects.jsonl`,
-`snapshots.jsonl`, `snapshots/<seq>.json`, and its history line's `messages.jsonl`), with values the
-store would never write:
+time through every file of a run (`run.json`, `registration.json`, `events.jsonl`,
+`tool_effects.jsonl`, `snapshots.jsonl`, `snapshots/<seq>.json`, and its history line's
+`messages.jsonl`; and `run.json` as runs registered before issue 19 spell it, wrapping the record
+and its stamp), with values the store would never write:
 after the damage every listing still works, the healthy records of the run are all there, what was
 skipped was logged, `get_*` return a record or raise `ValueError`, later writes to the run work, and
 another run of the store reads back unchanged.
@@ -89,7 +90,16 @@ def damage_file(path: Path, field: tuple[str, ...], new: Any) -> None:
     path.write_text(json.dumps(value, ensure_ascii=False, indent=2))
 
 
-RUN_FIELDS = [
+RUN_FIELDS = [  # a run_id naming another run makes the directory foreign: test_file_hostile.py
+    ('started_at',),
+    ('agent_name',),
+    ('conversation_id',),
+    ('parent_run_id',),
+    ('metadata',),
+    ('origin',),
+]
+REGISTRATION_FIELDS = [('registered_ns',)]
+WRAPPED_RUN_FIELDS = [
     ('run', 'started_at'),
     ('run', 'agent_name'),
     ('run', 'conversation_id'),
@@ -114,10 +124,25 @@ SNAPSHOT_FIELDS = [
 ]
 MESSAGE_FIELDS = [('no',), ('pos',), ('digest',), ('externalized',), ('message',), ('message', 'parts')]
 
+WRAPPED = 'run.json (wrapped)'
+"""`run.json` as written before issue 19: `{"run": <record>, "registered_ns": <stamp>}`, no `registration.json`."""
+
+
+def wrap_run_file(run_directory: Path) -> None:
+    """Spell the run's record as a store before issue 19 did."""
+    record = json.loads((run_directory / 'run.json').read_bytes())
+    registration = run_directory / 'registration.json'
+    stamp = json.loads(registration.read_bytes())['registered_ns']
+    (run_directory / 'run.json').write_text(json.dumps({'run': record, 'registered_ns': stamp}, indent=2))
+    registration.unlink()
+
+
 CASES = [
     pytest.param(name, line, field, id=f'{name}:{".".join(field)}')
     for name, line, fields in (
         ('run.json', None, RUN_FIELDS),
+        ('registration.json', None, REGISTRATION_FIELDS),
+        (WRAPPED, None, WRAPPED_RUN_FIELDS),
         ('events.jsonl', 1, EVENT_FIELDS),
         ('tool_effects.jsonl', 1, EFFECT_FIELDS),
         ('snapshots.jsonl', 1, JOURNAL_FIELDS),
@@ -142,6 +167,9 @@ async def test_one_damaged_field_never_hides_the_rest(
     writer = FileStepStore(tmp_path, fsync=False)
     unchanged = await write_sentinel(writer)
     await write_victim(writer)
+    if name == WRAPPED:
+        wrap_run_file(tmp_path / 'victim')
+        name = 'run.json'
     path = messages_of(tmp_path, 'victim') if name == 'messages.jsonl' else tmp_path / 'victim' / name
     if line is None:
         damage_file(path, field, new)

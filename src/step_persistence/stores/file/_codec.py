@@ -1,9 +1,9 @@
 """The JSON spelling of records in the file store's files.
 
-Single-object files (`run.json`, `snapshots/<seq>.json`, `line.json`) are indented; log files hold one compact
-JSON object per line (events and tool effects as their models dump them). Timestamps are ISO-8601
-in UTC (`...Z`). Everything read back is validated by the record models, so an unknown `kind`,
-`state` or `status` raises `ValueError`.
+Single-object files (`snapshots/<seq>.json`, `line.json`; `run.json` is spelled in `_run_files`)
+are indented; log files hold one compact JSON object per line (events and tool effects as their
+models dump them). Timestamps are ISO-8601 in UTC (`...Z`). Everything read back is validated by
+the record models, so an unknown `kind`, `state` or `status` raises `ValueError`.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictInt
-
-from step_persistence.records import SNAPSHOT_STATES, ContinuableSnapshot, RunRecord, SnapshotState
+from step_persistence.records import SNAPSHOT_STATES, ContinuableSnapshot, SnapshotState
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._positions import LineBase
 from step_persistence.stores.file._layout import require_line_id
@@ -27,20 +25,20 @@ __all__ = [
     'SnapshotHistory',
     'dump_conversation_file',
     'dump_line_file',
-    'dump_run_file',
     'dump_snapshot_file',
     'dump_snapshot_journal_line',
+    'indented',
     'json_object',
     'load_conversation_file',
     'load_line_file',
-    'load_run_file',
     'load_snapshot_file',
     'load_snapshot_journal_line',
     'natural_number',
 ]
 
 
-def _indented(value: Any) -> bytes:
+def indented(value: Any) -> bytes:
+    """The spelling of single-object files: indented JSON, UTF-8 text kept as it is, a final newline."""
     return (json.dumps(value, indent=2, ensure_ascii=False) + '\n').encode()
 
 
@@ -49,25 +47,6 @@ def json_object(data: bytes, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise ValueError(f'{what} must hold a JSON object, got {type(value).__name__}')
     return value
-
-
-def dump_run_file(record: RunRecord, registered_ns: int) -> bytes:
-    """`run.json`: the record, and the registration stamp that orders runs registered at the same instant."""
-    return _indented({'run': record.model_dump(mode='json'), 'registered_ns': registered_ns})
-
-
-class _RunFile(BaseModel):
-    model_config = ConfigDict(extra='forbid')
-
-    run: RunRecord
-    registered_ns: StrictInt
-
-
-def load_run_file(data: bytes) -> tuple[RunRecord, int]:
-    """The record and registration stamp of a `run.json`; `ValueError` (a pydantic `ValidationError`)
-    naming the field for anything malformed."""
-    loaded = _RunFile.model_validate_json(data)
-    return loaded.run, loaded.registered_ns
 
 
 def natural_number(value: object, what: str) -> int:
@@ -150,7 +129,7 @@ def _history_from_json(value: object) -> SnapshotHistory:
 def dump_snapshot_file(snapshot: ContinuableSnapshot, seq: int, view: LineView) -> bytes:
     """`snapshots/<seq>.json`: the snapshot's fields, with the view of its stored messages."""
     header = snapshot.model_dump(mode='json', exclude={'messages', 'seq'})
-    return _indented({'seq': seq, **header, 'history': view.to_json()})
+    return indented({'seq': seq, **header, 'history': view.to_json()})
 
 
 def load_snapshot_file(data: bytes) -> tuple[ContinuableSnapshot, SnapshotHistory]:
@@ -200,7 +179,7 @@ def load_snapshot_journal_line(line: bytes) -> SnapshotEntry:
 def dump_line_file(base: LineBase | None) -> bytes:
     """`line.json`: the view a line branches from (`null`: it starts empty)."""
     value = None if base is None else {'line': base.line, 'length': base.length, 'through_message': base.through}
-    return _indented({'base': value})
+    return indented({'base': value})
 
 
 def load_line_file(data: bytes) -> LineBase | None:
@@ -222,7 +201,7 @@ def load_line_file(data: bytes) -> LineBase | None:
 
 def dump_conversation_file(conversation_id: str) -> bytes:
     """`conversation.json`: the id a conversation's directory (named by its hash) stands for."""
-    return _indented({'conversation_id': conversation_id})
+    return indented({'conversation_id': conversation_id})
 
 
 def load_conversation_file(data: bytes) -> str:

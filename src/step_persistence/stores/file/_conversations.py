@@ -32,7 +32,7 @@ from pathlib import Path
 from step_persistence._reading import read_or_skip
 from step_persistence.records import ConversationSummary, RunRecord
 from step_persistence.stores._listing import ConversationFilter
-from step_persistence.stores.file._codec import dump_conversation_file, load_conversation_file, load_run_file
+from step_persistence.stores.file._codec import dump_conversation_file, load_conversation_file
 from step_persistence.stores.file._io import FileIo, real_directory
 from step_persistence.stores.file._layout import (
     ALL_AGENTS,
@@ -47,6 +47,8 @@ from step_persistence.stores.file._layout import (
     text_key,
 )
 from step_persistence.stores.file._locking import locked_file
+from step_persistence.stores.file._run_files import load_run_file, read_stamp
+from step_persistence.stores.file._sessions import foreign_run_message
 
 __all__ = ['ConversationIndex']
 
@@ -208,11 +210,11 @@ class ConversationIndex:
 
     def _is_valid(self, directory: Path, entry: Entry) -> bool:
         """Whether the entry stands for the run's current registration: it is that `run.json` (or, in a
-        copy of the store made without its hard links, that `run.json` has the entry's stamp)."""
-        run_file = run_paths(self.root, entry.run_id).run_file
+        copy of the store made without its hard links, the run has the entry's stamp)."""
+        paths = run_paths(self.root, entry.run_id)
         try:
             linked = os.lstat(directory / entry.name)
-            current = os.lstat(run_file)
+            current = os.lstat(paths.run_file)
         except (FileNotFoundError, NotADirectoryError):
             return False
         if os.path.samestat(linked, current):
@@ -220,10 +222,29 @@ class ConversationIndex:
         if linked.st_nlink != 1 or current.st_nlink != 1:
             return False
         try:
-            _, registered_ns = load_run_file(self.io.read_all(run_file))
+            return read_stamp(self.io, paths) == entry.registered_ns
         except (OSError, ValueError):
             return False
-        return registered_ns == entry.registered_ns
+
+    def record(self, conversation_id: str, agent_name: str | None, entry: Entry) -> RunRecord | None:
+        """The record of the run an entry of `entries(conversation_id, agent_name, ...)` stands for,
+        read through the entry itself (the very `run.json` of that registration, so record and
+        registration always agree); `None` when the entry is not the run's current registration.
+
+        `ValueError` if the file is unreadable or names another run, `UnsafePath` if the run's
+        directory is a symbolic link.
+        """
+        scope = ALL_AGENTS if agent_name is None else text_key(agent_name)
+        directory = self._paths(conversation_id).entries(scope)
+        paths = run_paths(self.root, entry.run_id)
+        try:
+            real_directory(paths.directory)
+            record, _ = load_run_file(self.io.read_all(directory / entry.name))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if record.run_id != entry.run_id:
+            raise ValueError(foreign_run_message(paths, record.run_id))
+        return record if self._is_valid(directory, entry) else None
 
     def _entries(self, paths: ConversationPaths, scope: str, *, newest_first: bool = False) -> Iterator[Entry]:
         """The scope's entries in order, parsed as they are consumed (names sort as entries do)."""

@@ -18,13 +18,13 @@ from step_persistence.stores.file._codec import (
     LineView,
     SnapshotEntry,
     json_object,
-    load_run_file,
     load_snapshot_journal_line,
 )
 from step_persistence.stores.file._io import FileIo, Span, real_directory
 from step_persistence.stores.file._journal import Journal
 from step_persistence.stores.file._layout import RunPaths
 from step_persistence.stores.file._message_journal import MessageJournal
+from step_persistence.stores.file._run_files import read_record, read_stamp
 
 __all__ = ['EffectJournal', 'EventJournal', 'RunIndex', 'SnapshotJournal', 'read_snapshot_journal']
 
@@ -146,7 +146,8 @@ class RunIndex:
         self.head: RunHead | None = None
         """The view this process's last save of the run wrote, with its digests (see `_saves`)."""
         self.head_epoch = 0
-        self._record: tuple[RunRecord, int] | None = None
+        self._record: RunRecord | None = None
+        self._stamp: int | None = None
 
     def adopt(self, incarnation: str) -> None:
         """Start over if the run on disk is not the one this index was built from."""
@@ -155,11 +156,17 @@ class RunIndex:
             self.verified = False
             self._start_over()
 
-    def record(self, io: FileIo) -> tuple[RunRecord, int]:
-        """The run's record and registration stamp (`run.json` is written once per incarnation)."""
+    def record(self, io: FileIo) -> RunRecord:
+        """The run's record (`run.json` is written once per incarnation)."""
         if self._record is None:
-            self._record = load_run_file(io.read_all(self.paths.run_file))
+            self._record, self._stamp = read_record(io, self.paths)
         return self._record
+
+    def stamp(self, io: FileIo) -> int:
+        """The run's registration stamp (written once per incarnation, like its record)."""
+        if self._stamp is None:
+            self._stamp = read_stamp(io, self.paths)
+        return self._stamp
 
     def catch_up_legacy(self, io: FileIo) -> MessageJournal:
         """The run's own `messages.jsonl`, caught up; `ValueError` if the run has none."""

@@ -3,7 +3,8 @@
 ```
 <directory>/
   <run_id>/                   one directory per run (run ids are validated path-safe names)
-    run.json                  the RunRecord (origin included) and its registration order
+    run.json                  the RunRecord itself (origin included)
+    registration.json         its registration stamp, ordering runs registered at the same instant
     run.lock                  lock file (fcntl.flock); holds the run's incarnation token
     events.jsonl              one StepEvent per line, append order
     tool_effects.jsonl        one merged ToolEffectRecord per line; the last line of a call wins
@@ -161,6 +162,11 @@ class RunPaths:
     @property
     def run_file(self) -> Path:
         return self.directory / RUN_FILE_NAME
+
+    @property
+    def registration_file(self) -> Path:
+        """The run's registration stamp (runs written before issue 19 keep it in `run.json`)."""
+        return self.directory / 'registration.json'
 
     @property
     def lock_file(self) -> Path:

@@ -169,7 +169,7 @@ class HistorySaves:
     def _origin(self, index: RunIndex) -> RunOrigin | None:
         """The run's origin, from its `run.json` (`None` when unreadable: the save then writes everything)."""
         try:
-            record, _ = index.record(self.io)
+            record = index.record(self.io)
         except (OSError, ValueError):
             return None
         return record.origin

@@ -19,11 +19,11 @@ import anyio.to_thread
 
 from step_persistence._lru import BoundedLru
 from step_persistence.stores._turns import RunTurns
-from step_persistence.stores.file._codec import json_object
 from step_persistence.stores.file._index import RunIndex
 from step_persistence.stores.file._io import FileIo, UnsafePath
 from step_persistence.stores.file._layout import RunPaths, run_paths
 from step_persistence.stores.file._locking import RunNotRegistered, locked_run
+from step_persistence.stores.file._run_files import stored_run_id
 
 __all__ = ['RunSessions', 'check_run_file']
 
@@ -39,12 +39,11 @@ def check_run_file(io: FileIo, paths: RunPaths) -> None:
     usable); a symbolic link raises `UnsafePath`.
     """
     try:
-        stored = json_object(io.read_all(paths.run_file), 'run file').get('run')
+        run_id = stored_run_id(io.read_all(paths.run_file))
     except (OSError, ValueError) as error:
         if isinstance(error, UnsafePath):
             raise
         return
-    run_id = stored.get('run_id') if isinstance(stored, dict) else None
     if isinstance(run_id, str) and run_id != paths.directory.name:
         raise ValueError(foreign_run_message(paths, run_id))
 

@@ -47,10 +47,8 @@ from step_persistence.stores.file._codec import (
     LegacyHistory,
     LineView,
     SnapshotEntry,
-    dump_run_file,
     dump_snapshot_file,
     dump_snapshot_journal_line,
-    load_run_file,
     load_snapshot_file,
 )
 from step_persistence.stores.file._conversations import ConversationIndex
@@ -71,6 +69,7 @@ from step_persistence.stores.file._locking import RunNotRegistered, new_incarnat
 from step_persistence.stores.file._message_journal import MessageVersion
 from step_persistence.stores.file._messages import DamagedMessage, stored_message
 from step_persistence.stores.file._origins import OriginClaims
+from step_persistence.stores.file._run_files import dump_registration_file, dump_run_file, read_record, read_run
 from step_persistence.stores.file._saves import HistorySaves
 from step_persistence.stores.file._sessions import RunSessions, foreign_run_message
 from step_persistence.stores.file._usage import LineUsage
@@ -226,7 +225,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             with self._origins.claiming(record.origin, record.run_id, incarnation) as origin:
                 stored = record if origin == record.origin else record.model_copy(update={'origin': origin})
                 self._io.create(staged.lock_file, incarnation.encode('ascii'))
-                self._io.create(staged.run_file, dump_run_file(stored, registered_ns))
+                self._io.create(staged.run_file, dump_run_file(stored))
+                self._io.create(staged.registration_file, dump_registration_file(registered_ns))
                 for journal in staged.journals:
                     self._io.create(journal, b'')
                 staged.snapshots.mkdir()
@@ -253,20 +253,28 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         """The record, `None` if absent; raises `ValueError` if its `run.json` is unreadable, names
         another run, or the run's directory or `run.json` is a symbolic link."""
         run_paths(self.directory, run_id)
-        loaded = await self._runs.in_turn(run_id, partial(self._read_run_file, run_id, checked=False))
-        return None if loaded is None else loaded[0]
+        return await self._runs.in_turn(run_id, partial(self._read_record, run_id))
 
-    def _read_run_file(self, run_id: str, *, checked: bool) -> tuple[RunRecord, int] | None:
-        """The record and registration stamp in the directory of `run_id` (`checked`: known to be a real
-        directory); `None` if there is none."""
+    def _read_record(self, run_id: str) -> RunRecord | None:
+        """The record in the directory of `run_id` (`run.json` alone); `None` if there is none."""
         paths = run_paths(self.directory, run_id)
         try:
-            if not checked:
-                real_directory(paths.directory)
-            data = self._io.read_all(paths.run_file)
+            real_directory(paths.directory)
+            record, _ = read_record(self._io, paths)
         except FileNotFoundError:
             return None
-        record, registered_ns = load_run_file(data)
+        if record.run_id != run_id:
+            raise ValueError(foreign_run_message(paths, record.run_id))
+        return record
+
+    def _read_run(self, run_id: str) -> tuple[RunRecord, int] | None:
+        """The record and registration stamp in the directory of `run_id`, known to be a real
+        directory; `None` if there is none."""
+        paths = run_paths(self.directory, run_id)
+        try:
+            record, registered_ns = read_run(self._io, paths)
+        except FileNotFoundError:
+            return None
         if record.run_id != run_id:
             raise ValueError(foreign_run_message(paths, record.run_id))
         return record, registered_ns
@@ -303,22 +311,20 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         self._conversations.ensure_indexed(self._read_all_runs)
         found: list[RunRecord] = []
         for entry in self._conversations.entries(conversation_id, chosen.agent_name, newest_first=chosen.newest_first):
-            record = self._indexed_run(entry, conversation_id)
+            record = self._indexed_run(entry, conversation_id, chosen.agent_name)
             if record is not None and chosen.matches(record):
                 found.append(record)
                 if len(found) == chosen.limit:
                     break
         return found
 
-    def _indexed_run(self, entry: Entry, conversation_id: str) -> RunRecord | None:
+    def _indexed_run(self, entry: Entry, conversation_id: str, agent_name: str | None) -> RunRecord | None:
         """The record an index entry stands for; `None` (or skipped and logged) when it is not that run any more."""
         path = os.path.join(self.directory, entry.run_id, RUN_FILE_NAME)
-        loaded = read_or_skip(f'run file {path}', partial(self._read_run_file, entry.run_id, checked=False))
-        if loaded is None:
-            return None
-        record, registered_ns = loaded
-        current = registered_ns == entry.registered_ns and record.conversation_id == conversation_id
-        return record if current else None
+        record = read_or_skip(
+            f'run file {path}', partial(self._conversations.record, conversation_id, agent_name, entry)
+        )
+        return record if record is not None and record.conversation_id == conversation_id else None
 
     async def list_conversations(
         self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
@@ -349,8 +355,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return None
 
     def _find_in_run(self, entry: Entry, conversation_id: str, digest: str, index: RunIndex) -> SnapshotRef | None:
-        record, registered_ns = index.record(self._io)
-        if registered_ns != entry.registered_ns or record.conversation_id != conversation_id:
+        if index.stamp(self._io) != entry.registered_ns or index.record(self._io).conversation_id != conversation_id:
             return None
         index.snapshots.catch_up(self._io)
         for seq in sorted(index.snapshots.entries, reverse=True):
@@ -389,7 +394,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             sorted(names),
             # Paths as strings, not `Path`s: a third of the time.
             lambda name: f'run file {os.path.join(directory, name, RUN_FILE_NAME)}',
-            partial(self._read_run_file, checked=True),
+            self._read_run,
         )
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
@@ -407,6 +412,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             with self._runs.session(run_id, exclusive=True) as index:
                 incarnation = str(index.incarnation)
                 record = read_or_skip(f'run file {paths.run_file}', partial(index.record, self._io))
+                stamp = read_or_skip(f'registration of run {run_id!r}', partial(index.stamp, self._io))
                 lines = read_or_skip(f'snapshot journal {paths.snapshot_journal}', partial(self._lines_of, index))
                 trash = self._work_directory() / f'deleted-{secrets.token_hex(8)}'
                 os.rename(paths.directory, trash)
@@ -416,8 +422,9 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         finally:
             self._runs.forget(run_id)
         if record is not None:
-            self._conversations.remove(*record)
-            self._origins.release(record[0].origin, run_id, incarnation)
+            if stamp is not None:
+                self._conversations.remove(record, stamp)
+            self._origins.release(record.origin, run_id, incarnation)
         for line in sorted(lines or ()):
             self._usage.remove_if_unused(line, user=(run_id, incarnation))
         shutil.rmtree(trash, ignore_errors=True)
