@@ -14,9 +14,8 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic_ai.messages import ModelMessage
 from sqlalchemy import Text, cast, select
 
 from step_persistence._history import decode_messages
@@ -29,6 +28,9 @@ from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.rows import StoredHistory
 from step_persistence.stores.sql.schema import messages, snapshots
 from step_persistence.stores.sql.views import LineBases, segment_query, view_rows
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage
 
 __all__ = ['SnapshotReads']
 
