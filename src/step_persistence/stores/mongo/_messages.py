@@ -26,9 +26,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
-from pydantic_ai.messages import ModelMessage
 from pymongo.errors import BulkWriteError
 
 from step_persistence._history import EncodedMessage, decode_messages, history_digest
@@ -39,6 +38,9 @@ from step_persistence.stores.mongo._documents import StoredView
 from step_persistence.stores.mongo._indexes import LINE_NUMBER_INDEX, is_duplicate_on
 from step_persistence.stores.mongo._limits import WIDEST_NUMBER, check_document_size
 from step_persistence.stores.mongo._lines import LineBases, line_key, line_messages
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage
 
 __all__ = ['MessageStore', 'message_document']
 
