@@ -75,6 +75,10 @@ _MODULES: dict[str, str] = {
     'SqlStepStore': 'step_persistence.stores.sql',
 }
 
+_COMPLETED_ON_IMPORT = frozenset({'ContinuableSnapshot'})
+"""Models completed when imported from here, so they can be used at once as fields of other models
+(`step_persistence.records` leaves that to their first use, which imports pydantic-ai)."""
+
 __all__ = [
     'ContinuableSnapshot',
     'CopyReport',
@@ -117,6 +121,8 @@ def __getattr__(name: str) -> Any:
     if module is None:
         raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
     value = getattr(import_module(module), name)
+    if name in _COMPLETED_ON_IMPORT:
+        value.model_rebuild()
     globals()[name] = value
     return value
 

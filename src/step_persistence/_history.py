@@ -5,29 +5,26 @@ snapshotted. Encoding the whole history at every step would make a long run
 quadratic, so each message is encoded once, the first time it is seen, and its
 encoding is reused by every later snapshot that contains the same object.
 Stores use the digest to write each distinct message of a run once.
+
+pydantic-ai is imported by the first function that encodes, decodes or inspects a message, not by
+importing this module (digests and `EncodedMessage` need none of it).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import operator
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
-
-import pydantic
-from pydantic_ai.messages import (
-    ModelMessage,
-    ModelMessagesTypeAdapter,
-    ModelRequest,
-    ModelResponse,
-    RetryPromptPart,
-    ToolCallPart,
-    ToolReturnPart,
-)
+from typing import TYPE_CHECKING, Any
 
 from step_persistence._lru import BoundedLru
+
+if TYPE_CHECKING:
+    import pydantic
+    from pydantic_ai.messages import ModelMessage
 
 __all__ = [
     'EncodedHistory',
@@ -41,7 +38,14 @@ __all__ = [
     'tool_call_ids',
 ]
 
-MESSAGE_ADAPTER: pydantic.TypeAdapter[ModelMessage] = pydantic.TypeAdapter(ModelMessage)
+
+@functools.cache
+def _message_adapter() -> pydantic.TypeAdapter[ModelMessage]:
+    """The adapter of one message, built on first use."""
+    import pydantic
+    from pydantic_ai.messages import ModelMessage
+
+    return pydantic.TypeAdapter(ModelMessage)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,7 +62,7 @@ class EncodedMessage:
 
 def encode_message(message: ModelMessage) -> EncodedMessage:
     """Encode one message (this copies it: later mutation of `message` does not change the result)."""
-    data = MESSAGE_ADAPTER.dump_json(message)
+    data = _message_adapter().dump_json(message)
     return EncodedMessage(digest=hashlib.sha256(data).hexdigest(), data=data)
 
 
@@ -77,11 +81,15 @@ def history_digest(digests: Iterable[str]) -> str:
 
 def decode_messages(trees: Sequence[Any]) -> list[ModelMessage]:
     """Validate JSON trees back into messages; raises `ValueError` on anything malformed."""
+    from pydantic_ai.messages import ModelMessagesTypeAdapter
+
     return ModelMessagesTypeAdapter.validate_python(list(trees))
 
 
 def tool_call_ids(message: ModelMessage) -> list[str]:
     """Ids of the function tool calls a response makes (none for a request)."""
+    from pydantic_ai.messages import ModelResponse, ToolCallPart
+
     if not isinstance(message, ModelResponse):
         return []
     return [part.tool_call_id for part in message.parts if isinstance(part, ToolCallPart)]
@@ -92,6 +100,8 @@ def answered_call_ids(message: ModelMessage) -> list[str]:
 
     A retry prompt without a tool name asks the model to redo its output, not a tool call: it answers none.
     """
+    from pydantic_ai.messages import ModelRequest, RetryPromptPart, ToolReturnPart
+
     if not isinstance(message, ModelRequest):
         return []
     return [

@@ -3,17 +3,26 @@
 Records are immutable pydantic models. Every timestamp is a timezone-aware UTC
 ``datetime``: a naive one is rejected with ``ValueError`` and an aware non-UTC
 one is converted to UTC, so ordering by timestamp is ordering by instant.
+
+Importing this module does not import pydantic-ai (a process that reads no message, such as
+`step-persistence runs list`, never pays for it): `ContinuableSnapshot` and `StepWrites` name
+pydantic-ai's message types, which pydantic resolves when either model is first used
+(validated, constructed, serialized, or its schema asked for). To use them as a field of
+another pydantic model or in a `TypeAdapter`, import them from `step_persistence` (which
+completes them) or call `ContinuableSnapshot.model_rebuild()` first.
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Literal, get_args
+from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
-from pydantic_ai.messages import ModelMessage
 
 from step_persistence._history import EncodedMessage, encode_messages, history_digest
+
+if TYPE_CHECKING:
+    from pydantic_ai.messages import ModelMessage
 
 __all__ = [
     'ContinuableSnapshot',
@@ -80,8 +89,22 @@ UtcDatetime = Annotated[datetime, AfterValidator(require_utc)]
 Metadata = dict[str, str]
 
 
+def _define_message_types() -> None:
+    """Bind pydantic-ai's `ModelMessage` in this module, where pydantic resolves the records' annotations."""
+    global ModelMessage
+    from pydantic_ai.messages import ModelMessage
+
+
 class _Record(BaseModel):
     model_config = ConfigDict(frozen=True, extra='forbid', strict=False)
+
+    @classmethod
+    def model_rebuild(cls, **kwargs: Any) -> bool | None:
+        """Complete the model, importing pydantic-ai's message types first; pydantic calls this on a
+        model's first use when its annotations could not be resolved at definition
+        (`ContinuableSnapshot` and `StepWrites`, see the module's docstring)."""
+        _define_message_types()
+        return super().model_rebuild(**kwargs)
 
 
 OriginKind = Literal['continued', 'forked']

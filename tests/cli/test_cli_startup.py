@@ -1,8 +1,10 @@
 """A command imports only what it uses (issue 18, item 5), checked in a new interpreter per command.
 
 The time itself is measured by benchmarks/cli_startup.py (benchmarks/RESULTS.md); here, what each
-command loads: help loads neither pydantic-ai nor SQLAlchemy nor Alembic, and a store of one kind
-does not load another kind's driver.
+command loads: help loads neither pydantic-ai nor SQLAlchemy nor Alembic; a command that reads no
+message (listing, reporting, trees, unresolved calls) loads no pydantic-ai, a read loads no Alembic,
+and a store of one kind does not load another kind's driver. The stores read hold a run with a
+snapshot, so a command that decoded a message would load pydantic-ai.
 """
 
 from __future__ import annotations
@@ -14,28 +16,34 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
+from pydantic_ai.messages import ModelRequest, UserPromptPart
 
+from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, from_spec
 from step_persistence.cli._common import RUN_STATUS_NAMES, RunStatusName
 from step_persistence.records import RUN_STATUSES, RunStatus
 
 HEAVY = ('pydantic_ai', 'sqlalchemy', 'alembic', 'asyncpg', 'pymongo', 'motor', 'aiosqlite', 'step_persistence.stores')
+SQL_AND_OTHER_DRIVERS = {'sqlalchemy', 'alembic', 'asyncpg', 'pymongo', 'motor', 'aiosqlite'}
+RUN = 'agent.-run-1'
 
 LOADED = """
 import json, sys
 heavy = json.loads(sys.argv[2])
 sys.argv = ['step-persistence', *json.loads(sys.argv[1])]
 from step_persistence.cli import main
+code = 0
 try:
     main()
-except SystemExit:
-    pass
+except SystemExit as exit:
+    code = exit.code or 0
 loaded = {name for name in heavy for module in sys.modules if (module + '.').startswith(name + '.')}
-print(json.dumps(sorted(loaded)))
+print(json.dumps({'loaded': sorted(loaded), 'code': code}))
 """
 
 
-def loaded(*args: str) -> set[str]:
-    """Which of `HEAVY` the console script's entry point had imported once `step-persistence ARGS...` ended."""
+def started(*args: str) -> tuple[set[str], str]:
+    """Which of `HEAVY` the console script's entry point had imported once `step-persistence ARGS...` ended
+    (in a new interpreter), and what the command printed before; the command must succeed."""
     completed = subprocess.run(
         [sys.executable, '-c', LOADED, json.dumps(args), json.dumps(HEAVY)],
         capture_output=True,
@@ -43,7 +51,32 @@ def loaded(*args: str) -> set[str]:
         timeout=120,
         check=True,
     )
-    return set(json.loads(completed.stdout.strip().splitlines()[-1]))
+    *printed, last = completed.stdout.strip().splitlines()
+    result = json.loads(last)
+    assert result['code'] == 0, (args, completed.stdout, completed.stderr)
+    return set(result['loaded']), '\n'.join(printed)
+
+
+def loaded(*args: str) -> set[str]:
+    """Which of `HEAVY` `step-persistence ARGS...` imported (it must succeed)."""
+    return started(*args)[0]
+
+
+async def store_with_a_run(url: str) -> str:
+    """`url`'s store holding one run that has an event, an unresolved tool call and a snapshot; returns `url`."""
+    async with from_spec(url) as store:
+        await store.register_run(RunRecord(run_id=RUN, agent_name='agent', conversation_id='chat'))
+        await store.append_event(StepEvent(run_id=RUN, kind='run_started', step_index=0))
+        await store.record_tool_effect(
+            ToolEffectRecord(run_id=RUN, tool_call_id='call-1', tool_name='search', status='started')
+        )
+        messages = [ModelRequest(parts=[UserPromptPart('question')])]
+        await store.save_snapshot(ContinuableSnapshot(run_id=RUN, step_index=1, messages=messages))
+    return url
+
+
+NO_MESSAGE_READ = [['runs', 'list'], ['report'], ['runs', 'tree', RUN], ['runs', 'unresolved']]
+"""Commands that read runs, events and tool effects but no message."""
 
 
 @pytest.mark.parametrize(
@@ -65,7 +98,40 @@ def test_help_imports_nothing_heavy(args: list[str]) -> None:
 @pytest.mark.parametrize('words', [['runs', 'list'], ['conversations', 'list']])
 def test_a_file_store_command_imports_no_sql_and_no_other_driver(words: list[str], tmp_path: Path) -> None:
     found = loaded(*words, '--store', f'file://{tmp_path}')
-    assert found & {'sqlalchemy', 'alembic', 'asyncpg', 'pymongo', 'motor', 'aiosqlite'} == set(), found
+    assert found & SQL_AND_OTHER_DRIVERS == set(), found
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize('words', NO_MESSAGE_READ, ids=' '.join)
+async def test_a_sqlite_read_of_no_message_imports_neither_pydantic_ai_nor_alembic(
+    words: list[str], tmp_path: Path
+) -> None:
+    url = await store_with_a_run(f'sqlite:///{tmp_path / "runs.db"}')
+    found, printed = started(*words, '--store', url)
+    assert RUN in printed
+    assert found & {'pydantic_ai', 'alembic', 'asyncpg', 'pymongo', 'motor'} == set(), found
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize('words', [['runs', 'list'], ['report'], ['runs', 'unresolved']], ids=' '.join)
+async def test_a_file_store_read_imports_no_sql_and_no_other_driver(words: list[str], tmp_path: Path) -> None:
+    url = await store_with_a_run(f'file://{tmp_path / "runs"}')
+    found, printed = started(*words, '--store', url)
+    assert RUN in printed
+    assert found & SQL_AND_OTHER_DRIVERS == set(), found
+
+
+@pytest.mark.parametrize('words', [['runs', 'list'], ['report']], ids=' '.join)
+def test_a_memory_store_command_imports_no_store_library(words: list[str]) -> None:
+    assert loaded(*words, '--store', 'memory://') & {'pydantic_ai', *SQL_AND_OTHER_DRIVERS} == set()
+
+
+@pytest.mark.anyio
+async def test_a_command_that_shows_messages_still_decodes_them(tmp_path: Path) -> None:
+    url = await store_with_a_run(f'sqlite:///{tmp_path / "runs.db"}')
+    found, printed = started('runs', 'messages', RUN, '--store', url)
+    assert 'question' in printed
+    assert 'pydantic_ai' in found
 
 
 def test_the_status_names_are_the_records_ones() -> None:
