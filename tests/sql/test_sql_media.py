@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 from pydantic_ai.messages import BinaryContent, ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserPromptPart
-from sqlalchemy import Text, cast, delete, func, select
+from sqlalchemy import Text, cast, delete, func, select, text
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqliteStepStore, SqlStepStore
 from step_persistence.media import MediaContext, PostgresMediaStore, SqliteMediaStore, SqlMediaStore, media_uri_for
+from step_persistence.reclaiming import MediaCollection
 from step_persistence.stores.sql.schema import media, messages
 from step_persistence.testing.conformance import T0
 from support.databases import EmptyDatabase
@@ -229,3 +231,40 @@ async def test_front_doors_refuse_the_other_dialect(tmp_path: Path) -> None:
         await engine.dispose()
     with pytest.raises(ValueError, match=r'postgresql.*sqlite'):
         SqlMediaStore('mysql://db.example/x')
+
+
+async def test_a_media_store_given_table_keeps_its_blobs_in_that_table(
+    empty_database: EmptyDatabase, tmp_path: Path
+) -> None:
+    """`SqliteMediaStore(table=...)` (the seed's way to move the rows): the blobs in a table of that name, created
+    by the media store's first write; the step store's own `media` table stays empty."""
+    if empty_database.dialect == 'sqlite':
+        database = empty_database.url.removeprefix('sqlite+aiosqlite:///')
+        blobs: SqlMediaStore = SqliteMediaStore(database, table='app_blobs')
+    else:
+        blobs = PostgresMediaStore(empty_database.url, table='app_blobs')
+    async with blobs:
+        assert [blob async for blob in blobs.list_blobs()] == [] and not await blobs.exists(media_uri_for(b'x'))
+        assert await empty_database.table_names() == set(), 'reading created nothing'
+        async with SqlStepStore(empty_database.url, media_store=blobs) as store:
+            await store.register_run(RunRecord(run_id='r'))
+            await store.save_snapshot(snapshot(1, with_payloads(*IMAGES)))
+            latest = await store.latest_snapshot(run_id='r')
+            assert latest is not None and dump(latest.messages) == dump(with_payloads(*IMAGES))
+            collected = await store.collect_media(grace=timedelta(0))
+            assert collected == MediaCollection(messages=0, blobs=0), 'every blob is referenced'
+        stored = sorted([blob.key async for blob in blobs.list_blobs()])
+        assert stored == sorted(
+            media_uri_for(payload).removeprefix('media+sha256://') for payload in [*IMAGES, TEXT.encode()]
+        )
+    engine = create_async_engine(empty_database.url)
+    try:
+        async with engine.connect() as connection:
+            assert (await connection.execute(select(func.count()).select_from(media))).scalar_one() == 0
+            own = (await connection.execute(text('SELECT count(*) FROM app_blobs'))).scalar_one()
+        assert own == 4
+    finally:
+        await engine.dispose()
+    assert 'app_blobs' in await empty_database.table_names()
+    with pytest.raises(ValueError, match='lower-case'):
+        SqliteMediaStore(tmp_path / 'x.db', table='Blobs; DROP TABLE runs')

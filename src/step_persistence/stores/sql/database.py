@@ -136,6 +136,10 @@ class Database:
         self._executor = executor
         self._owns_engine = owns_engine
 
+    def keep_media_in(self, table: str) -> None:
+        """Name the media table `table`: a media store's blob table of its own (before its first operation)."""
+        self.names = table_names(self.names.prefix, media_table=table)
+
     @classmethod
     def open(cls, target: DatabaseTarget, *, schema: str | None, table_prefix: str = '') -> Database:
         """The database a store is built on: from a URL (owned), an engine, a connection or a session (borrowed)."""

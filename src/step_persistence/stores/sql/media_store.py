@@ -15,7 +15,8 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import delete, func, select, update
+from sqlalchemy import delete, func, inspect, select, update
+from sqlalchemy.schema import CreateSchema, CreateTable
 
 from step_persistence._arguments import require_text
 from step_persistence._reading import logger, read_each
@@ -59,6 +60,21 @@ def _stored_blob(row: Any) -> StoredBlob:
     return StoredBlob(uri, digest, row.touched)
 
 
+def _has_own_table(transaction: Transaction, *, schema: str | None) -> bool:
+    return bool(inspect(transaction.connection).has_table(str(transaction.names.media_table), schema=schema))
+
+
+def _create_own_table(transaction: Transaction, *, schema: str | None) -> None:
+    """The blob table of a media store given `table=`, as the media table is declared, unless it exists."""
+    if _has_own_table(transaction, schema=schema):
+        return
+    connection = transaction.connection
+    if schema is not None:
+        connection.execute(CreateSchema(schema, if_not_exists=True))
+    own = transaction.names.metadata().tables[str(transaction.names.media_table)]
+    connection.execute(CreateTable(own), execution_options=transaction.options)
+
+
 class SqlMediaStore(DatabaseStore):
     """Content-addressed blobs as rows of the `media` table (SQLite `BLOB`, PostgreSQL `BYTEA`).
 
@@ -67,6 +83,11 @@ class SqlMediaStore(DatabaseStore):
     `AsyncConnection` (blobs are written in the caller's transaction, never committed, rolled
     back or closed by the store). `schema` (PostgreSQL only), `table_prefix` and `auto_migrate` work as for
     `SqlStepStore`: the tables are shared with it, and either store can create them.
+
+    `table='blobs'` keeps the rows in a table of that name instead (lower-case letters, digits and
+    underscores): the store creates it, with the media table's columns, at its first write (or
+    `migrate()`), and nothing else; reads of a database without it find no blobs. Such a table
+    is the media store's alone, outside the migrations' history.
 
     One row per blob, keyed by its SHA-256: putting stored bytes again writes nothing and keeps the
     first put's `media_type`, `filename` and metadata. A read checks the bytes against the digest
@@ -87,6 +108,7 @@ class SqlMediaStore(DatabaseStore):
         *,
         schema: str | None = None,
         table_prefix: str = '',
+        table: str | None = None,
         auto_migrate: bool = True,
         public_url: PublicUrlResolver | None = None,
     ) -> None:
@@ -94,6 +116,7 @@ class SqlMediaStore(DatabaseStore):
             Database.open(target, schema=schema, table_prefix=table_prefix),
             auto_migrate=auto_migrate,
             public_url=public_url,
+            table=table,
         )
 
     def _start(
@@ -103,8 +126,11 @@ class SqlMediaStore(DatabaseStore):
         auto_migrate: bool,
         public_url: PublicUrlResolver | None,
         owns_database: bool = True,
+        table: str | None = None,
     ) -> None:
         """Build the store on `database` (what every constructor of this class and of its front doors ends in)."""
+        if table is not None:
+            database.keep_media_in(table)
         self._attach(database, auto_migrate=auto_migrate, owns_database=owns_database)
         self._public_url = public_url
         self._blobs = BlobWriter(database.dialect_name)
@@ -116,6 +142,28 @@ class SqlMediaStore(DatabaseStore):
         store = cls.__new__(cls)
         store._start(database, auto_migrate=auto_migrate, public_url=None, owns_database=False)
         return store
+
+    async def migrate(self) -> None:
+        """Create or upgrade the schema to the newest revision; with `table=`, create that table if missing."""
+        database = self._db
+        if database.names.media_table is None:
+            await super().migrate()
+            return
+        if database.sqlite_file is not None:
+            database.sqlite_file.parent.mkdir(parents=True, exist_ok=True)
+        await database.run(partial(_create_own_table, schema=database.schema), write=True)
+        database.migrated = True
+
+    async def has_schema(self) -> bool:
+        """Whether the database holds the store's tables at the revision this version reads (with `table=`:
+        whether it holds that table). Creates and migrates nothing."""
+        database = self._db
+        if database.names.media_table is None or database.migrated:
+            return await super().has_schema()
+        if database.sqlite_file is not None and not database.sqlite_file.exists():
+            return False
+        database.migrated = await database.run(partial(_has_own_table, schema=database.schema), write=False)
+        return database.migrated
 
     async def put(self, data: bytes, *, context: MediaContext = NO_CONTEXT) -> str:
         uri = media_uri_for(data)

@@ -29,6 +29,7 @@ __all__ = [
     'DEFAULT_NAMES',
     'SchemaClash',
     'TableNames',
+    'check_media_table',
     'check_table_prefix',
     'include_name',
     'names_of',
@@ -59,6 +60,22 @@ def check_table_prefix(prefix: object) -> str:
     return prefix
 
 
+_MEDIA_TABLE = re.compile(r'[a-z][a-z0-9_]{0,59}')
+"""A table name the store's statements and constraint names (`pk_<table>`) can use unquoted on both dialects."""
+
+
+def check_media_table(name: object) -> str:
+    """`name` if it can name a media store's own blob table (lower-case letters, digits and underscores,
+    starting with a letter, at most 60); else `TypeError`/`ValueError`."""
+    if not isinstance(name, str):
+        raise TypeError(f'table must be a string, got {type(name).__name__}')
+    if not _MEDIA_TABLE.fullmatch(name):
+        raise ValueError(
+            f'table={name!r}: use 1 to 60 lower-case letters, digits or underscores, starting with a letter'
+        )
+    return name
+
+
 CLASH_REMEDY = (
     'if step-persistence created them, record the revision they are at with `step-persistence db stamp REV`; '
     "if they belong to the application, give the store a table_prefix (table_prefix='sp_', or ?table_prefix=sp_ "
@@ -72,19 +89,25 @@ class SchemaClash(RuntimeError):
 
 
 class TableNames:
-    """Every name of the store's schema in one database (`prefix` in front of each; `''`: as declared)."""
+    """Every name of the store's schema in one database (`prefix` in front of each; `''`: as declared), and
+    the name of the media table when a media store keeps its blobs in a table of its own (`media_table`)."""
 
-    def __init__(self, prefix: str = '') -> None:
+    def __init__(self, prefix: str = '', *, media_table: str | None = None) -> None:
         self.prefix = check_table_prefix(prefix)
+        self.media_table = None if media_table is None else check_media_table(media_table)
+        """The blob table of a media store given `table=` (created by that store, outside the migrations)."""
         self.version_table = prefix + VERSION_TABLE
         """Alembic's version table of these migrations."""
         declared = [*Base.metadata.sorted_tables, *VIEWS.sorted_tables]
         self._declared_names = sorted((table.name for table in declared), key=len, reverse=True)
         self._tables: dict[Table, Table] = {}
-        if prefix:
+        self.renames = bool(prefix or media_table)
+        """Whether any name differs from the declared one."""
+        if self.renames:
             renamed = MetaData()
-            self._tables = {table: _renamed_columns(table, renamed, prefix + table.name) for table in declared}
+            self._tables = {table: _renamed_columns(table, renamed, self.table(table.name)) for table in declared}
         self._translated: BoundedLru[int, tuple[Any, Any]] = BoundedLru(_TRANSLATED_STATEMENTS)
+        self._metadata: MetaData | None = None
 
     @property
     def tables(self) -> frozenset[str]:
@@ -93,12 +116,14 @@ class TableNames:
 
     def table(self, name: str) -> str:
         """The name of the table or view declared as `name`."""
+        if name == 'media' and self.media_table is not None:
+            return self.media_table
         return self.prefix + name
 
     def object(self, name: str) -> str:
         """The name of the index or constraint declared as `name` (`<kind>_<table>_...`, a foreign key's ending
         with the table it refers to): each table name in it prefixed."""
-        if not self.prefix:
+        if not self.renames:
             return name
         kind, _, rest = name.partition('_')
         table = next((each for each in self._declared_names if rest == each or rest.startswith(each + '_')), None)
@@ -111,8 +136,8 @@ class TableNames:
         return f'{kind}_{rest}'
 
     def translate(self, statement: S) -> S:
-        """`statement` (Core, or `Prepared`) on the tables of these names: itself without a prefix."""
-        if not self.prefix:
+        """`statement` (Core, or `Prepared`) on the tables of these names: itself when no name differs."""
+        if not self.renames:
             return statement
         key = id(statement)
         cached = self._translated.get(key)
@@ -141,9 +166,11 @@ class TableNames:
     def metadata(self) -> MetaData:
         """The schema under these names, indexes and constraints included (what the migrations create), for
         comparing a database against it and for Alembic's autogenerate."""
-        if not self.prefix:
+        if not self.renames:
             return Base.metadata
-        return _prefixed_metadata(self)
+        if self._metadata is None:
+            self._metadata = _prefixed_metadata(self)
+        return self._metadata
 
     def owns(self, name: str | None) -> bool:
         """Whether a table named `name` is one of the store's (or its version table)."""
@@ -165,7 +192,8 @@ class TableNames:
         )
 
     def __repr__(self) -> str:
-        return f'TableNames(prefix={self.prefix!r})'
+        media = '' if self.media_table is None else f', media_table={self.media_table!r}'
+        return f'TableNames(prefix={self.prefix!r}{media})'
 
 
 def _renamed_columns(table: Table, metadata: MetaData, name: str, **options: Any) -> Table:
@@ -218,9 +246,10 @@ def _prefixed_metadata(names: TableNames) -> MetaData:
 
 
 @functools.cache
-def table_names(prefix: str = '') -> TableNames:
-    """The `TableNames` of `prefix`, one per process (so stores with the same prefix share translations)."""
-    return TableNames(check_table_prefix(prefix))
+def table_names(prefix: str = '', *, media_table: str | None = None) -> TableNames:
+    """The `TableNames` of `prefix` (and `media_table`), one per process (so stores with the same names share
+    translations)."""
+    return TableNames(check_table_prefix(prefix), media_table=media_table)
 
 
 DEFAULT_NAMES = table_names('')

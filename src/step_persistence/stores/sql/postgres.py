@@ -53,7 +53,8 @@ class PostgresStepStore(SqlStepStore):
 
 class PostgresMediaStore(SqlMediaStore):
     """A SQL media store on PostgreSQL (asyncpg): a `postgresql://` URL, an `AsyncEngine` or an
-    `AsyncConnection`, and an optional schema, as for `PostgresStepStore`."""
+    `AsyncConnection`, and an optional schema, as for `PostgresStepStore`; `table=` keeps the blobs in a
+    table of that name (see `SqlMediaStore`)."""
 
     def __init__(
         self,
@@ -61,6 +62,7 @@ class PostgresMediaStore(SqlMediaStore):
         schema: str | None = None,
         *,
         table_prefix: str = '',
+        table: str | None = None,
         auto_migrate: bool = True,
         public_url: PublicUrlResolver | None = None,
     ) -> None:
@@ -68,4 +70,5 @@ class PostgresMediaStore(SqlMediaStore):
             Database.for_postgres(url_or_engine, schema=schema, table_prefix=table_prefix, owner='PostgresMediaStore'),
             auto_migrate=auto_migrate,
             public_url=public_url,
+            table=table,
         )

@@ -74,7 +74,8 @@ class SqliteStepStore(SqlStepStore):
 class SqliteMediaStore(SqlMediaStore):
     """A SQL media store on SQLite: a path (default `runs.db`, created on first use), `':memory:'`,
     a caller's `sqlite3.Connection` (`connection=`), or a SQLite `AsyncEngine`/`AsyncConnection`,
-    with the same ownership and commit rules as `SqliteStepStore`."""
+    with the same ownership and commit rules as `SqliteStepStore`; `table=` keeps the blobs in a table of
+    that name (see `SqlMediaStore`)."""
 
     def __init__(
         self,
@@ -82,6 +83,7 @@ class SqliteMediaStore(SqlMediaStore):
         *,
         connection: sqlite3.Connection | None = None,
         table_prefix: str = '',
+        table: str | None = None,
         auto_migrate: bool = True,
         public_url: PublicUrlResolver | None = None,
         busy_timeout: float = DEFAULT_BUSY_TIMEOUT,
@@ -96,6 +98,7 @@ class SqliteMediaStore(SqlMediaStore):
             ),
             auto_migrate=auto_migrate,
             public_url=public_url,
+            table=table,
         )
 
 
