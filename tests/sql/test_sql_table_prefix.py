@@ -26,7 +26,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import SqlStepStore, StepPersistence, continue_run, from_spec
 from step_persistence.stores.sql import SchemaClash, SqliteStepStore, TableNames, table_names
+from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.database_store import SchemaNotReadyError
+from step_persistence.stores.sql.migrate import downgrade, upgrade
 from step_persistence.stores.sql.reporting import read_report
 from support.console_script import cli
 from support.databases import APPLICATION_TABLES, EmptyDatabase, create_application_tables
@@ -150,7 +152,7 @@ def alembic(*args: str) -> subprocess.CompletedProcess[str]:
 async def test_alembic_migrates_a_prefixed_schema_both_ways_and_keeps_its_data(empty_database: EmptyDatabase) -> None:
     """`alembic -x table_prefix=sp_` upgrades to head; a chat stored there survives a downgrade to 0004 (the
     renumbering of revision 0005 on prefixed tables) and the upgrade back; `downgrade base` leaves the
-    application's tables alone."""
+    application's tables alone (the later migrations run from code, on the same environment)."""
     await create_application_tables(empty_database.url)
     url = empty_database.url.replace('+aiosqlite', '').replace('+asyncpg', '')
     alembic('-x', f'url={url}', '-x', f'table_prefix={PREFIX}', 'upgrade', 'head')
@@ -169,17 +171,25 @@ async def test_alembic_migrates_a_prefixed_schema_both_ways_and_keeps_its_data(e
         }
     assert len(histories) == 2 and len(first.all_messages()) == 4
 
-    alembic('-x', f'url={url}', '-x', f'table_prefix={PREFIX}', 'downgrade', '0004')
-    [(per_run,)] = await execute(empty_database.url, 'SELECT count(DISTINCT run_id) FROM sp_messages')
-    assert per_run == 2, 'revision 0004 numbers each run of the chat on its own'
-    alembic('-x', f'url={url}', '-x', f'table_prefix={PREFIX}', 'upgrade', 'head')
+    database = Database.from_url(empty_database.url, table_prefix=PREFIX)
+    try:
+        await downgrade(database, '0004')
+        [(per_run,)] = await execute(empty_database.url, 'SELECT count(DISTINCT run_id) FROM sp_messages')
+        assert per_run == 2, 'revision 0004 numbers each run of the chat on its own'
+        await upgrade(database)
+    finally:
+        await database.aclose()
     async with SqlStepStore(empty_database.url, table_prefix=PREFIX, auto_migrate=False) as store:
         for run_id, history in histories.items():
             snapshot = await store.latest_snapshot(run_id=run_id)
             assert snapshot is not None
             assert ModelMessagesTypeAdapter.dump_python(snapshot.messages, mode='json') == history
 
-    alembic('-x', f'url={url}', '-x', f'table_prefix={PREFIX}', 'downgrade', 'base')
+    database = Database.from_url(empty_database.url, table_prefix=PREFIX)
+    try:
+        await downgrade(database, 'base')
+    finally:
+        await database.aclose()
     assert await empty_database.table_names() == APPLICATION_TABLES | {names.version_table}
     assert await empty_database.view_names() == set()
     assert (await application_rows(empty_database))[0] == [(1, 'hello from the app')]
