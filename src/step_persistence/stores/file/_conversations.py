@@ -226,6 +226,12 @@ class ConversationIndex:
         except (OSError, ValueError):
             return False
 
+    def is_current(self, conversation_id: str, agent_name: str | None, entry: Entry) -> bool:
+        """Whether an entry of `entries(conversation_id, agent_name, ...)` stands for the run's current
+        registration (two `lstat`s; a copy of the store without its hard links reads the stamp)."""
+        scope = ALL_AGENTS if agent_name is None else text_key(agent_name)
+        return self._is_valid(self._paths(conversation_id).entries(scope), entry)
+
     def record(self, conversation_id: str, agent_name: str | None, entry: Entry) -> RunRecord | None:
         """The record of the run an entry of `entries(conversation_id, agent_name, ...)` stands for,
         read through the entry itself (the very `run.json` of that registration, so record and

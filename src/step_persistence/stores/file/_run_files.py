@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, StrictInt
+from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from step_persistence.records import RunRecord
 from step_persistence.stores.file._codec import indented, json_object, natural_number
@@ -57,14 +57,26 @@ def _is_wrapped(value: dict[str, Any]) -> bool:
     return 'run' in value and 'run_id' not in value
 
 
+def _wrapped(data: bytes) -> bool:
+    """Whether `data` is a JSON object of the older, wrapped spelling."""
+    try:
+        return _is_wrapped(json_object(data, 'run file'))
+    except ValueError:
+        return False
+
+
 def load_run_file(data: bytes) -> tuple[RunRecord, int | None]:
     """The record of a `run.json`, and the stamp when the file is of the older, wrapped spelling
     (`None`: it is in `registration.json`); `ValueError` (a pydantic `ValidationError`) naming the
-    field for anything malformed."""
-    if _is_wrapped(json_object(data, 'run file')):
-        wrapped = _WrappedRunFile.model_validate_json(data)
-        return wrapped.run, wrapped.registered_ns
-    return RunRecord.model_validate_json(data), None
+    field for anything malformed. A file of today's spelling is parsed once (listing every run
+    reads every `run.json`)."""
+    try:
+        return RunRecord.model_validate_json(data), None
+    except ValidationError:
+        if not _wrapped(data):
+            raise
+    wrapped = _WrappedRunFile.model_validate_json(data)
+    return wrapped.run, wrapped.registered_ns
 
 
 def stored_run_id(data: bytes) -> object:

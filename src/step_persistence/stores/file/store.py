@@ -9,7 +9,8 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -69,7 +70,13 @@ from step_persistence.stores.file._locking import RunNotRegistered, new_incarnat
 from step_persistence.stores.file._message_journal import MessageVersion
 from step_persistence.stores.file._messages import DamagedMessage, stored_message
 from step_persistence.stores.file._origins import OriginClaims
-from step_persistence.stores.file._run_files import dump_registration_file, dump_run_file, read_record, read_run
+from step_persistence.stores.file._run_files import (
+    dump_registration_file,
+    dump_run_file,
+    read_record,
+    read_run,
+    read_stamp,
+)
 from step_persistence.stores.file._saves import HistorySaves
 from step_persistence.stores.file._sessions import RunSessions, foreign_run_message
 from step_persistence.stores.file._usage import LineUsage
@@ -77,6 +84,7 @@ from step_persistence.stores.file._usage import LineUsage
 __all__ = ['FileStepStore']
 
 _Record = TypeVar('_Record', RunRecord, StepEvent, ContinuableSnapshot)
+_Read = TypeVar('_Read')
 
 
 def _of_run(run_id: str, what: str, record: _Record) -> _Record:
@@ -279,6 +287,24 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             raise ValueError(foreign_run_message(paths, record.run_id))
         return record, registered_ns
 
+    def _read_listed(self, run_id: str) -> tuple[RunRecord, int | None] | None:
+        """`_read_run`, reading `run.json` only: the stamp is `None` unless that file holds it."""
+        paths = run_paths(self.directory, run_id)
+        try:
+            record, registered_ns = read_record(self._io, paths)
+        except FileNotFoundError:
+            return None
+        if record.run_id != run_id:
+            raise ValueError(foreign_run_message(paths, record.run_id))
+        return record, registered_ns
+
+    def _tie_stamp(self, run_id: str) -> int:
+        """The registration stamp of a run listed among others with its `started_at` (0 if unreadable:
+        the run is still listed, first among them)."""
+        paths = run_paths(self.directory, run_id)
+        stamp = read_or_skip(f'registration stamp of run {run_id!r}', partial(read_stamp, self._io, paths))
+        return 0 if stamp is None else stamp
+
     async def list_runs(
         self,
         *,
@@ -303,7 +329,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             newest_first=newest_first,
         )
         if conversation_id is None:
-            return chosen.select(await self._runs.in_thread(self._read_all_runs))
+            return await self._runs.in_thread(partial(self._list_every_run, chosen))
         return await self._runs.in_thread(partial(self._conversation_runs, chosen, conversation_id))
 
     def _conversation_runs(self, chosen: RunFilter, conversation_id: str) -> list[RunRecord]:
@@ -355,7 +381,9 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return None
 
     def _find_in_run(self, entry: Entry, conversation_id: str, digest: str, index: RunIndex) -> SnapshotRef | None:
-        if index.stamp(self._io) != entry.registered_ns or index.record(self._io).conversation_id != conversation_id:
+        if not self._conversations.is_current(conversation_id, None, entry):
+            return None
+        if index.record(self._io).conversation_id != conversation_id:
             return None
         index.snapshots.catch_up(self._io)
         for seq in sorted(index.snapshots.entries, reverse=True):
@@ -376,7 +404,25 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             return None
         return history_digest(version.digest for version in versions)
 
+    def _list_every_run(self, chosen: RunFilter) -> list[RunRecord]:
+        """`list_runs` without a conversation: every `run.json` is read, and the registration stamps of
+        only the matching runs that share their `started_at` with another (the only order a stamp decides)."""
+        found = [pair for pair in self._each_run(self._read_listed) if chosen.matches(pair[0])]
+        shared = Counter(record.started_at for record, _ in found)
+
+        def stamped(record: RunRecord, stamp: int | None) -> int:
+            if stamp is not None:
+                return stamp
+            return self._tie_stamp(record.run_id) if shared[record.started_at] > 1 else 0
+
+        return chosen.select((record, stamped(record, stamp)) for record, stamp in found)
+
     def _read_all_runs(self) -> list[tuple[RunRecord, int]]:
+        """Every run's record and registration stamp (to index a directory written before the index)."""
+        return self._each_run(self._read_run)
+
+    def _each_run(self, read: Callable[[str], _Read | None]) -> list[_Read]:
+        """`read(run_id)` of every run directory, in name order; unreadable ones skipped and logged."""
         try:
             entries = list(os.scandir(self.directory))
         except FileNotFoundError:
@@ -394,7 +440,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             sorted(names),
             # Paths as strings, not `Path`s: a third of the time.
             lambda name: f'run file {os.path.join(directory, name, RUN_FILE_NAME)}',
-            self._read_run,
+            read,
         )
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
