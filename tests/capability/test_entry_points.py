@@ -699,11 +699,6 @@ def test_run_sync_alternating_with_asyncio_run(backend: Backend, request: pytest
 
 SERVER_FIXTURES = {'postgres': ('postgres_server',), 'mongo': ('mongo_server',), 'motor': ('mongo_server',)}
 LOOP_BOUND = {
-    'postgres': (
-        'PostgresStepStore keeps asyncpg connections bound to the loop of their first use: the first run_sync works, '
-        'then asyncio.run(store.list_runs()) raises "RuntimeError: Task <... SqlStepStore.list_runs() ...> got Future '
-        '<... BaseProtocol._on_waiter_completed()> attached to a different loop" (asyncpg/protocol/protocol.pyx:341)'
-    ),
     'mongo': (
         'the pymongo AsyncMongoClient is bound to one loop: after the first run_sync, asyncio.run(store.list_runs()) '
         'raises "RuntimeError: Cannot use AsyncMongoClient in different event loop. AsyncMongoClient uses low-level '

@@ -127,14 +127,34 @@ class Database:
         self.migrated = False
         """Whether this process brought the tables to the newest revision, or found them there before a read;
         the stores sharing this database (a step store and its media store) share it (see `DatabaseStore`)."""
-        self.migration_lock = asyncio.Lock()
-        """Held while one of those stores migrates, so that concurrent first operations wait for one migration."""
+        self._migration_lock = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The event loop of the latest operation (`_follow_loop`)."""
         self.sqlite_file: Path | None = None
         """The SQLite file of an engine built from a path or URL: created, with its directory, by the first
         migration (`migrate.upgrade`), never by a read (see `DatabaseStore`)."""
         self._options: Mapping[str, Any] = {} if schema is None else {'schema_translate_map': {None: schema}}
         self._executor = executor
         self._owns_engine = owns_engine
+
+    @property
+    def migration_lock(self) -> asyncio.Lock:
+        """Held while one of those stores migrates, so that concurrent first operations wait for one migration."""
+        self._follow_loop()
+        return self._migration_lock
+
+    def _follow_loop(self) -> None:
+        """Let the database serve the running event loop: a store may be used from one loop, then another (an
+        application's `run_sync` and `asyncio.run` in turn), never from two at once. What belongs to a loop
+        (locks; the connections of an engine the store built, which asyncpg binds to their loop) is made
+        afresh on a new one."""
+        loop = asyncio.get_running_loop()
+        if loop is self._loop:
+            return
+        if self._loop is not None:
+            self._migration_lock = asyncio.Lock()
+            self._executor.follow_loop()
+        self._loop = loop
 
     def keep_media_in(self, table: str) -> None:
         """Name the media table `table`: a media store's blob table of its own (before its first operation)."""
@@ -294,6 +314,7 @@ class Database:
         With a caller's `AsyncConnection`, in the caller's transaction, neither committed nor
         rolled back here.
         """
+        self._follow_loop()
         try:
             return await self._executor.run(operation, write=write, options=self._options, names=self.names)
         except DBAPIError as error:

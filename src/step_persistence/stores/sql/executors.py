@@ -111,6 +111,10 @@ class Executor(Protocol):
         statements run with `options` on the tables `names` names."""
         ...
 
+    def follow_loop(self) -> None:
+        """Operations run on another event loop from now on (the previous one is done or idle)."""
+        ...
+
     async def dispose(self) -> None:
         """Close the engine's pooled connections."""
         ...
@@ -133,6 +137,9 @@ class ThreadExecutor:
             return await self._writer.run(partial(_with_transaction, operation, options, names=names), write=write)
         run = partial(_in_transaction, self._engine, operation, options, names=names)
         return await anyio.to_thread.run_sync(run, limiter=self._threads)
+
+    def follow_loop(self) -> None:
+        """Nothing to do: the connections live on threads, not on a loop."""
 
     async def dispose(self) -> None:
         await anyio.to_thread.run_sync(self._writer.stop, limiter=self._threads)
@@ -213,6 +220,17 @@ class AsyncExecutor:
             # `async with engine.connect(), connection.begin()`, without a greenlet for each of them.
             engine = self._bind.sync_engine
             return await greenlet_spawn(_in_transaction, engine, operation, options, direct=self._direct, names=names)
+
+    def follow_loop(self) -> None:
+        """New locks; on an engine the store built, a new pool: its connections belong to the previous loop
+        (asyncpg binds them), so they are let go without being closed there (asyncpg terminates one it finds
+        unclosed, if its loop is still open). An application's engine, connection or session is its own."""
+        if self._serial is not None:
+            self._serial = asyncio.Lock()
+        if self._writer is not None:
+            self._writer = asyncio.Lock()
+        if self._direct and isinstance(self._bind, AsyncEngine):
+            self._bind.sync_engine.dispose(close=False)
 
     async def dispose(self) -> None:
         if isinstance(self._bind, AsyncEngine):
