@@ -17,8 +17,21 @@ def anyio_backend() -> str:
     return 'asyncio'
 
 
-@pytest.fixture(params=sorted(BACKENDS))
+CLIENT_VARIANTS = frozenset({'motor'})
+"""Backends that are another client library for a backend of the registry (motor for MongoDB): they run the store
+suites (the conformance suite, the media suite) and the tests that depend on the client, not the capability and
+command-line matrix, which reaches the store only through the protocol the conformance suite checks."""
+
+
+@pytest.fixture(params=sorted(name for name in BACKENDS if name not in CLIENT_VARIANTS))
 def backend(request: pytest.FixtureRequest) -> Backend:
+    """Every backend of the registry, client variants aside (see `CLIENT_VARIANTS`)."""
+    return BACKENDS[request.param]
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def any_backend(request: pytest.FixtureRequest) -> Backend:
+    """Every backend of the registry, client variants included: for the store suites and client-dependent tests."""
     return BACKENDS[request.param]
 
 
@@ -33,7 +46,7 @@ def make_store(backend_session: BackendSession) -> StoreMaker:
     return backend_session.make
 
 
-@pytest.fixture(params=sorted(name for name in BACKENDS if name != 'memory'))
+@pytest.fixture(params=sorted(name for name in BACKENDS if name != 'memory' and name not in CLIENT_VARIANTS))
 def durable_backend(request: pytest.FixtureRequest) -> Backend:
     return BACKENDS[request.param]
 

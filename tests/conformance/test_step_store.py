@@ -11,6 +11,11 @@ from support.backends import Backend
 
 
 class TestStepStore(StepStoreConformance):
+    @pytest.fixture
+    def backend(self, any_backend: Backend) -> Backend:
+        """The whole suite on every backend, client variants included (MongoDB through pymongo and motor)."""
+        return any_backend
+
     @pytest.fixture(autouse=True)
     def _declared_divergence(self, request: pytest.FixtureRequest, backend: Backend) -> None:
         divergences: Mapping[str, str] = backend.divergences
