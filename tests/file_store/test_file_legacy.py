@@ -2,7 +2,8 @@
 
 `legacy_store/` was written by the file store as it was before lines (see its README): every run
 keeps its own `messages.jsonl`, snapshots name no line, `run.json` has no origin, and there is no
-conversation index. The store reads all of it back, indexes its conversations on first use,
+conversation index. The store reads all of it back (and lists its conversations without writing), indexes
+them at its first write,
 continues its runs (a new save starts a line; the old messages are read, never appended to), lets
 new runs continue its snapshots, and reclaims and deletes it.
 """
@@ -60,8 +61,11 @@ async def test_everything_written_before_lines_reads_back(directory: Path) -> No
     assert [effect.status for effect in await store.list_tool_effects(run_id='old-chat')] == ['completed']
 
 
-async def test_its_conversations_are_indexed_on_first_use(directory: Path) -> None:
-    store = FileStepStore(directory, fsync=False)
+def every_file(directory: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(directory)): path.read_bytes() for path in directory.rglob('*') if path.is_file()}
+
+
+async def assert_conversations_listed(store: FileStepStore) -> None:
     assert [run.run_id for run in await store.list_runs(conversation_id='old-conv', newest_first=True)] == [
         'old-retained',
         'old-chat',
@@ -74,7 +78,17 @@ async def test_its_conversations_are_indexed_on_first_use(directory: Path) -> No
     assert await store.find_snapshot(conversation_id='old-conv', history_digest=digest) == SnapshotRef(
         run_id='old-chat', seq=3
     )
-    assert (directory / '@indexed').exists()
+
+
+async def test_its_conversations_are_listed_without_writing_and_indexed_by_the_first_write(directory: Path) -> None:
+    before = every_file(directory)
+    await assert_conversations_listed(FileStepStore(directory, fsync=False))
+    assert every_file(directory) == before, 'reading wrote nothing (no index, no marker)'
+    store = FileStepStore(directory, fsync=False)
+    await store.register_run(RunRecord(run_id='new-loose'))
+    assert (directory / '@indexed').exists(), 'the first write indexed every run'
+    await assert_conversations_listed(store)
+    await assert_conversations_listed(FileStepStore(directory, fsync=False))
 
 
 async def test_its_runs_go_on_and_new_runs_continue_them(directory: Path) -> None:

@@ -17,8 +17,8 @@ above the truth (a crash between the two steps) is noticed when listed (its conv
 run is older than the marker says) and repaired; `latest.<scope>` in the conversation's directory
 names the start its marker carries, so updates need not search for it.
 
-**Older directories.** A store directory written before the index has none: the first use of the
-index indexes every run once (and says so in `@indexed`).
+**Older directories.** A store directory written before the index has none: its first write indexes
+every run once (and says so in `@indexed`); until then reads look at every run (reading never writes).
 """
 
 from __future__ import annotations
@@ -343,13 +343,16 @@ class ConversationIndex:
 
     # --- directories written before the index ---
 
+    def is_indexed(self) -> bool:
+        """Whether the index covers every run (`False` for a store directory written before the index, until
+        its first write indexes it: reads there look at every run instead, and write nothing)."""
+        if not self._indexed:
+            self._indexed = (self.root / INDEXED_MARKER_NAME).exists()
+        return self._indexed
+
     def ensure_indexed(self, every_run: Callable[[], list[tuple[RunRecord, int]]]) -> None:
-        """Index every run of a store directory written before the conversation index (once)."""
-        if self._indexed:
-            return
-        marker = self.root / INDEXED_MARKER_NAME
-        if marker.exists():
-            self._indexed = True
+        """Before a write: index every run of a store directory written before the conversation index (once)."""
+        if self.is_indexed():
             return
         if not self.root.exists():
             return  # nothing to index yet; a registration creates the directory
@@ -366,5 +369,5 @@ class ConversationIndex:
                     except FileNotFoundError:
                         self._settle(paths, scope)  # deleted meanwhile
         with suppress(FileExistsError):
-            self.io.create(marker, b'')
+            self.io.create(self.root / INDEXED_MARKER_NAME, b'')
         self._indexed = True

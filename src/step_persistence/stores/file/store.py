@@ -10,7 +10,7 @@ import shutil
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
 from functools import partial
 from pathlib import Path
@@ -40,7 +40,7 @@ from step_persistence.records import (
 )
 from step_persistence.retention import validate_max_snapshots
 from step_persistence.stores._idempotency import first_per_key
-from step_persistence.stores._listing import ConversationFilter, RunFilter
+from step_persistence.stores._listing import ConversationFilter, RunFilter, conversation_summaries
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.file import reclaiming as file_reclaiming
@@ -334,7 +334,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
 
     def _conversation_runs(self, chosen: RunFilter, conversation_id: str) -> list[RunRecord]:
         """`list_runs` of one conversation, through its index: records read in order until `limit` match."""
-        self._conversations.ensure_indexed(self._read_all_runs)
+        if not self._conversations.is_indexed():
+            return self._list_every_run(chosen)
         found: list[RunRecord] = []
         for entry in self._conversations.entries(conversation_id, chosen.agent_name, newest_first=chosen.newest_first):
             record = self._indexed_run(entry, conversation_id, chosen.agent_name)
@@ -360,7 +361,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return await self._runs.in_thread(partial(self._list_conversations, chosen))
 
     def _list_conversations(self, chosen: ConversationFilter) -> list[ConversationSummary]:
-        self._conversations.ensure_indexed(self._read_all_runs)
+        if not self._conversations.is_indexed():
+            return conversation_summaries(self._read_all_runs(), chosen)
         return self._conversations.summaries(chosen)
 
     async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
@@ -371,26 +373,37 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return await self._runs.in_thread(partial(self._find_snapshot, conversation_id, history_digest))
 
     def _find_snapshot(self, conversation_id: str, digest: str) -> SnapshotRef | None:
-        self._conversations.ensure_indexed(self._read_all_runs)
-        for entry in self._conversations.entries(conversation_id, None, newest_first=True):
-            find = partial(self._find_in_run, entry, conversation_id, digest)
-            look = partial(self._runs.read, entry.run_id, find, None)
-            found = read_or_skip(f'snapshots of run {entry.run_id!r}', look)
+        candidates: Iterable[tuple[str, Entry | None]]
+        if self._conversations.is_indexed():
+            entries = self._conversations.entries(conversation_id, None, newest_first=True)
+            candidates = ((entry.run_id, entry) for entry in entries)
+        else:  # a directory written before the index: the conversation's runs, found by reading every run
+            chosen = RunFilter(conversation_id=conversation_id, newest_first=True)
+            candidates = ((record.run_id, None) for record in self._list_every_run(chosen))
+        for run_id, entry in candidates:
+            find = partial(self._find_in_run, conversation_id, digest, entry)
+            look = partial(self._runs.read, run_id, find, None)
+            found = read_or_skip(f'snapshots of run {run_id!r}', look)
             if found is not None:
                 return found
         return None
 
-    def _find_in_run(self, entry: Entry, conversation_id: str, digest: str, index: RunIndex) -> SnapshotRef | None:
-        if not self._conversations.is_current(conversation_id, None, entry):
+    def _find_in_run(
+        self, conversation_id: str, digest: str, entry: Entry | None, index: RunIndex
+    ) -> SnapshotRef | None:
+        """The newest snapshot of the run with the history `digest`; through an index `entry`, only while it is
+        that run's current registration."""
+        if entry is not None and not self._conversations.is_current(conversation_id, None, entry):
             return None
-        if index.record(self._io).conversation_id != conversation_id:
+        record = index.record(self._io)
+        if record.conversation_id != conversation_id:
             return None
         index.snapshots.catch_up(self._io)
         for seq in sorted(index.snapshots.entries, reverse=True):
             view = index.snapshots.entries[seq].view
             found = view.digest if view is not None else self._legacy_digest(index, seq)
             if found == digest:
-                return SnapshotRef(run_id=entry.run_id, seq=seq)
+                return SnapshotRef(run_id=record.run_id, seq=seq)
         return None
 
     def _legacy_digest(self, index: RunIndex, seq: int) -> str | None:
