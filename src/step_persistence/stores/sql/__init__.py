@@ -8,6 +8,7 @@ tables out of its own autogenerate (`table_names(prefix).include_name` for a sto
 `table_prefix`). See docs/sql.md.
 """
 
+from step_persistence.stores.sql.database_store import SchemaNotReadyError
 from step_persistence.stores.sql.media_store import SqlMediaStore
 from step_persistence.stores.sql.naming import SchemaClash, TableNames, include_name, table_names
 from step_persistence.stores.sql.postgres import PostgresMediaStore, PostgresStepStore
@@ -22,6 +23,7 @@ __all__ = [
     'PostgresMediaStore',
     'PostgresStepStore',
     'SchemaClash',
+    'SchemaNotReadyError',
     'SqlMediaStore',
     'SqlStepStore',
     'SqliteMediaStore',
