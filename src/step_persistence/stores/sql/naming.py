@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import re
+import threading
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
@@ -108,6 +109,7 @@ class TableNames:
             self._tables = {table: _renamed_columns(table, renamed, self.table(table.name)) for table in declared}
         self._translated: BoundedLru[int, tuple[Any, Any]] = BoundedLru(_TRANSLATED_STATEMENTS)
         self._metadata: MetaData | None = None
+        self._lock = threading.Lock()
 
     @property
     def tables(self) -> frozenset[str]:
@@ -140,7 +142,8 @@ class TableNames:
         if not self.renames:
             return statement
         key = id(statement)
-        cached = self._translated.get(key)
+        with self._lock:  # SQLite stores run their operations on several threads
+            cached = self._translated.get(key)
         if cached is not None and cached[0] is statement:
             translated: S = cached[1]
             return translated
@@ -148,7 +151,8 @@ class TableNames:
             translated = Prepared(self._rewrite(statement.statement))  # type: ignore[assignment]
         else:
             translated = self._rewrite(statement)
-        self._translated.put(key, (statement, translated))
+        with self._lock:
+            self._translated.put(key, (statement, translated))
         return translated
 
     def _rewrite(self, statement: Any) -> Any:
