@@ -13,6 +13,7 @@ from step_persistence.cli._common import DEFAULT_STORE, Command, Group, StoreOpt
 from step_persistence.cli.copy import copy
 from step_persistence.cli.maintenance import gc, prune
 from step_persistence.cli.report import report
+from step_persistence.cli.serve import serve
 
 __all__ = ['app', 'main']
 
@@ -34,6 +35,7 @@ app.command(cls=Command)(report)
 app.command(cls=Command)(copy)
 app.command(cls=Command)(prune)
 app.command(cls=Command)(gc)
+app.command(cls=Command)(serve)
 
 
 @app.command(cls=Command)
