@@ -204,8 +204,14 @@ def create_app(
         raise TypeError(f'store must be a StepStore, not {type(store).__name__}')
     if store_url is not None and not isinstance(store_url, str):
         raise TypeError(f'store_url must be a string or None, not {type(store_url).__name__}')
-    if isinstance(allowed_hosts, str):
-        raise TypeError('allowed_hosts must be a collection of host names, not one string')
+    if token is not None and not isinstance(token, str):
+        raise TypeError(f'token must be a string or None, not {type(token).__name__}')
+    if token == '':
+        raise ValueError('token must not be empty (None: no token)')
+    if allowed_hosts is not None and (
+        isinstance(allowed_hosts, str) or not all(isinstance(host, str) for host in allowed_hosts)
+    ):
+        raise TypeError('allowed_hosts must be a collection of host names (strings), or None')
     if not isinstance(refresh_seconds, int | float) or isinstance(refresh_seconds, bool) or refresh_seconds <= 0:
         raise ValueError(f'refresh_seconds must be a positive number, not {refresh_seconds!r}')
     label = redact_url(store_url) if store_url is not None else type(store).__name__

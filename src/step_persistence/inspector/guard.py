@@ -55,8 +55,6 @@ class Guard:
     """Wraps the inspector's application with the checks above; `token=None` and `allowed_hosts=None` skip theirs."""
 
     def __init__(self, app: ASGIApp, *, token: str | None, allowed_hosts: Collection[str] | None) -> None:
-        if token is not None and (not isinstance(token, str) or not token):
-            raise TypeError('token must be a non-empty string or None')
         self._app = app
         self._token = token
         self._cookie = None if token is None else _cookie_value(token)

@@ -1,0 +1,154 @@
+"""`step-persistence serve` as a user runs it: the installed console script, a real socket, a real store.
+
+A non-loopback bind is refused before anything is opened; a served store never shows the password
+of its URL; the token is asked for; Ctrl-C stops the server cleanly.
+"""
+
+from __future__ import annotations
+
+import http.client
+import select
+import signal
+import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+from pydantic_ai import Agent
+
+from step_persistence import PostgresStepStore, StepPersistence, from_spec
+from support.console_script import SCRIPT, cli
+from support.scripted import calls, scripted, text
+from support.servers.postgres import PostgresServer
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = 'correct-horse-battery-staple'
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 4
+PASSWORD = 'hunter2-not-shown'
+
+
+@pytest.mark.parametrize(
+    ('options', 'said'),
+    [
+        (['--host', '0.0.0.0'], '--allow-remote'),
+        (['--host', '192.168.1.20', '--token', TOKEN], '--allow-remote'),
+        (['--host', '0.0.0.0', '--allow-remote'], 'without a token'),
+        (['--host', '0.0.0.0', '--allow-remote', '--token', 'short'], 'at least 16 characters'),
+    ],
+    ids=['no-allow-remote', 'token-alone', 'no-token', 'short-token'],
+)
+def test_a_non_local_bind_without_allow_remote_and_a_token_is_refused(
+    options: list[str], said: str, tmp_path: Path
+) -> None:
+    store = tmp_path / 'runs.db'
+    refused = cli('serve', '--store', f'sqlite:///{store}', '--port', '0', *options, expect=EXIT_USAGE)
+    assert said in refused.stderr
+    assert refused.stdout == '', 'nothing was served'
+    assert not store.exists()
+
+
+def test_a_store_that_does_not_exist_is_refused_and_not_created(tmp_path: Path) -> None:
+    store = tmp_path / 'missing.db'
+    refused = cli('serve', '--store', f'sqlite:///{store}', '--port', '0', expect=EXIT_UNREACHABLE)
+    assert 'no SQLite database' in refused.stderr
+    assert not store.exists()
+
+
+@contextmanager
+def served(*args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`step-persistence serve ARGS --port 0` running; yields the address it printed and the process."""
+    process = subprocess.Popen(
+        [str(SCRIPT), 'serve', '--port', '0', *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 60)
+        assert ready, 'serve printed no address within 60 s'
+        line = process.stdout.readline()
+        assert ' at http://' in line, (line, process.poll())
+        yield line, process
+    finally:
+        if process.poll() is None:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def fetch(address: str, path: str, cookie: str | None = None) -> tuple[http.client.HTTPResponse, str]:
+    """GET `path` from the server at `address`: the response and its body."""
+    parts = urlsplit(address)
+    connection = http.client.HTTPConnection(parts.hostname or '', parts.port, timeout=30)
+    connection.request('GET', path, headers={'Cookie': cookie} if cookie else {})
+    response = connection.getresponse()
+    return response, response.read().decode()
+
+
+def page(address: str, path: str, cookie: str | None = None) -> str:
+    response, text = fetch(address, path, cookie)
+    assert response.status == 200, (path, response.status, text[:300])
+    return text
+
+
+async def _write_runs(url: str) -> None:
+    async with from_spec(url) as store:
+        agent = Agent(
+            scripted(calls(('lookup', {'q': 'x'}, 'lookup-1')), text('done')),
+            capabilities=[StepPersistence(store=store, agent_name='served', run_id='served-run')],
+        )
+
+        @agent.tool_plain
+        async def lookup(q: str) -> str:
+            return f'found {q}'
+
+        await agent.run('look it up', conversation_id='served-conversation')
+
+
+async def test_serve_asks_for_its_token_then_serves_the_store_until_ctrl_c(tmp_path: Path) -> None:
+    url = f'sqlite:///{tmp_path / "runs.db"}'
+    await _write_runs(url)
+    with served('--store', url, '--token', TOKEN) as (line, process):
+        address = line.split(' at ', 1)[1].split()[0]
+        assert address.endswith(f'/?token={TOKEN}') and address.startswith('http://127.0.0.1:')
+        assert fetch(address, '/')[0].status == 401
+        entry, _ = fetch(address, f'/?token={TOKEN}')
+        assert entry.status == 303
+        cookie = (entry.getheader('set-cookie') or '').split(';', 1)[0]
+        assert 'served-run' in page(address, '/', cookie)
+        assert 'lookup-1' in page(address, '/run?id=served-run', cookie)
+        assert fetch(address, '/', cookie)[0].getheader('content-security-policy')
+        process.send_signal(signal.SIGINT)
+        assert process.wait(30) == 0
+    assert process.stderr is not None and 'Traceback' not in process.stderr.read()
+
+
+async def test_no_page_shows_the_password_of_the_store_url(postgres_server: PostgresServer) -> None:
+    database = await postgres_server.create_database()
+    plain = postgres_server.url(database).replace('+asyncpg', '')
+    store = PostgresStepStore(plain)
+    await store.migrate()
+    await store.aclose()
+    with_password = plain.replace('postgres@', f'postgres:{PASSWORD}@')  # the test cluster trusts local connections
+    await _write_runs(with_password)
+    with served('--store', with_password) as (line, _):
+        assert PASSWORD not in line and 'postgres:***@' in line
+        address = line.split(' at ', 1)[1].split()[0]
+        pages = [
+            page(address, path)
+            for path in (
+                '/',
+                '/run?id=served-run',
+                '/run/messages?id=served-run&seq=1',
+                '/conversations',
+                '/conversation?id=served-conversation',
+            )
+        ]
+        assert 'served-run' in pages[0] and 'postgres:***@' in pages[0]
+        assert not [shown for shown in pages if PASSWORD in shown]
+    await postgres_server.drop_database(database)
