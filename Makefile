@@ -6,7 +6,7 @@ UV := $(PYTHON) -m uv
 # Two test workers (each starts its own throwaway servers; idle workers steal queued tests): the CI machine has 2 cores.
 PYTEST_ARGS ?= -n 2 --dist worksteal
 
-.PHONY: uv postgres demo test lint typecheck pytest bench
+.PHONY: uv postgres chromium demo test lint typecheck pytest bench screenshots
 
 uv:
 	@$(UV) --version >/dev/null 2>&1 || $(PYTHON) -m pip install --quiet uv
@@ -19,6 +19,14 @@ postgres:
 		echo 'create_main_cluster = false' > /etc/postgresql-common/createcluster.conf && \
 		apt-get update && \
 		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends postgresql; \
+	fi
+
+# Debian's Chromium for the inspector's browser tests (tests/inspector/): Playwright drives /usr/bin/chromium
+# (its own browser download is never used).
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		apt-get update && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium; \
 	fi
 
 # --inexact: install what the demo needs and keep what is there (the extras `make test` installed).
@@ -36,9 +44,14 @@ typecheck: uv
 pytest: uv
 	$(UV) run --locked pytest $(PYTEST_ARGS)
 
-test: uv postgres
+test: uv postgres chromium
 	$(UV) sync --locked --all-extras --quiet
 	$(MAKE) --no-print-directory lint typecheck pytest
+
+# docs/images/inspector-*.png: the inspector's main pages over a scripted store (shown in docs/inspector.md).
+screenshots: uv chromium
+	$(UV) sync --locked --all-extras --quiet
+	$(UV) run --locked --no-sync python tests/support/inspector_screenshots.py docs/images
 
 # Issue 8's benchmarks against pydantic-ai-harness, in their own environment (benchmarks/pyproject.toml:
 # the comparator pins its pydantic-ai version). Starts its own PostgreSQL and SecantusDB, writes

@@ -13,7 +13,7 @@ import pytest
 from playwright.sync_api import Dialog, Page, expect
 
 from step_persistence.records import StepEvent
-from support.inspector_scenario import FILLER_AGENT, FILLER_RUNS, XSS, Scenario
+from support.inspector_scenario import CHART_HEIGHT, CHART_WIDTH, FILLER_AGENT, FILLER_RUNS, XSS, Scenario
 from support.inspector_server import Served
 
 PAGE = 100
@@ -99,8 +99,8 @@ def test_an_image_returned_by_a_tool_renders(page: Page, site: Served[Scenario])
     image = page.locator('section.part-tool-return figure.media-inline img')
     expect(image).to_be_visible()
     page.wait_for_function('img => img.complete', arg=image.element_handle())
-    assert image.evaluate('img => img.naturalWidth') == 6
-    assert image.evaluate('img => img.naturalHeight') == 4
+    assert image.evaluate('img => img.naturalWidth') == CHART_WIDTH
+    assert image.evaluate('img => img.naturalHeight') == CHART_HEIGHT
     response = page.request.get(site.url.rstrip('/') + (image.get_attribute('src') or ''))
     assert response.headers['content-type'] == 'image/png'
     assert response.headers['x-content-type-options'] == 'nosniff'

@@ -43,7 +43,7 @@ from step_persistence.protocol import write_steps
 from step_persistence.records import StepWrites, utc_now
 from support.scripted import calls, scripted, text
 
-__all__ = ['FILLER_AGENT', 'FILLER_RUNS', 'XSS', 'Scenario', 'png', 'write_scenario']
+__all__ = ['CHART_HEIGHT', 'CHART_WIDTH', 'FILLER_AGENT', 'FILLER_RUNS', 'XSS', 'Scenario', 'png', 'write_scenario']
 
 CHILD = Path(__file__).with_name('child.py')
 FILLER_AGENT = 'filler'
@@ -52,16 +52,24 @@ XSS = '<script>window.__xss = 1; alert("xss")</script><img src=x onerror="window
 """What a scraped page could hold: if the inspector ever obeyed it, a dialog would open or `window.__xss` be set."""
 
 
-def png(width: int = 6, height: int = 4) -> bytes:
-    """A real PNG image (a blue and orange stripe), built by hand so no image library is needed."""
+CHART_WIDTH, CHART_HEIGHT = 160, 80
+
+
+def png(width: int = CHART_WIDTH, height: int = CHART_HEIGHT) -> bytes:
+    """A real PNG image (a small bar chart), built by hand so that no image library is needed."""
 
     def chunk(kind: bytes, data: bytes) -> bytes:
         return struct.pack('>I', len(data)) + kind + data + struct.pack('>I', zlib.crc32(kind + data))
 
-    rows = b''.join(
-        b'\x00' + b''.join(b'\x2f\x5b\xd3' if x < width // 2 else b'\xe0\x8a\x00' for x in range(width))
-        for _ in range(height)
-    )
+    bars = [0.35, 0.6, 0.45, 0.8, 0.55, 0.9, 0.7, 0.4]
+    bar_width = width // len(bars)
+
+    def pixel(x: int, y: int) -> bytes:
+        bar = bars[min(x // bar_width, len(bars) - 1)]
+        inside = x % bar_width >= 3 and height - y <= bar * height
+        return b'\x2f\x5b\xd3' if inside else b'\xf5\xf6\xf9'
+
+    rows = b''.join(b'\x00' + b''.join(pixel(x, y) for x in range(width)) for y in range(height))
     header = struct.pack('>IIBBBBB', width, height, 8, 2, 0, 0, 0)
     return b'\x89PNG\r\n\x1a\n' + chunk(b'IHDR', header) + chunk(b'IDAT', zlib.compress(rows)) + chunk(b'IEND', b'')
 
