@@ -59,7 +59,11 @@ def main(directory: Path) -> None:
             _shoot(page, site.url, directory / 'inspector-runs.png', full_page=False)
             _shoot(page, site.url + f'run?id={crashed}', directory / 'inspector-crashed-run.png')
             _shoot(page, site.url + 'run?id=orchestrator-run', directory / 'inspector-run.png')
-            _shoot(page, site.url + f'run/messages?id=image-run&seq={snapshots[-1].seq}', directory / 'inspector-messages.png')
+            _shoot(
+                page,
+                site.url + f'run/messages?id=image-run&seq={snapshots[-1].seq}',
+                directory / 'inspector-messages.png',
+            )
             _shoot(page, site.url + 'conversation?id=conv-research', directory / 'inspector-conversation.png')
             browser.close()
 
