@@ -96,13 +96,18 @@ def _define_message_types() -> None:
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(frozen=True, extra='forbid', strict=False)
+    """Every record; each builds its validator on first use, so a process builds only those it uses."""
+
+    model_config = ConfigDict(frozen=True, extra='forbid', strict=False, defer_build=True)
+
+
+class _NamesMessages(_Record):
+    """A record whose fields name pydantic-ai's message types (see the module's docstring)."""
 
     @classmethod
     def model_rebuild(cls, **kwargs: Any) -> bool | None:
-        """Complete the model, importing pydantic-ai's message types first; pydantic calls this on a
-        model's first use when its annotations could not be resolved at definition
-        (`ContinuableSnapshot` and `StepWrites`, see the module's docstring)."""
+        """Complete the model, importing pydantic-ai's message types first; pydantic calls this on the
+        model's first use."""
         _define_message_types()
         return super().model_rebuild(**kwargs)
 
@@ -180,7 +185,7 @@ class StepEvent(_Record):
     """When set, a second event of the same run with this exact key is not written."""
 
 
-class ContinuableSnapshot(_Record):
+class ContinuableSnapshot(_NamesMessages):
     """The run's message history at one settled point, ready for `Agent.run(message_history=...)`."""
 
     run_id: str
@@ -271,7 +276,7 @@ class ToolEffectRecord(_Record):
     """What the tool did (or why it failed), for whoever decides whether to redo it."""
 
 
-class StepWrites(_Record):
+class StepWrites(_NamesMessages):
     """Writes that a store applies together: tool effects, then events, then snapshots, each in list order.
 
     Applying it must have exactly the effect of the individual calls in that order

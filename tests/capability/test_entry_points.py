@@ -701,15 +701,11 @@ def test_run_sync_alternating_with_asyncio_run(any_backend: Backend, request: py
 
 SERVER_FIXTURES = {'postgres': ('postgres_server',), 'mongo': ('mongo_server',), 'motor': ('mongo_server',)}
 LOOP_BOUND = {
-    'mongo': (
-        'the pymongo AsyncMongoClient is bound to one loop: after the first run_sync, asyncio.run(store.list_runs()) '
-        'raises "RuntimeError: Cannot use AsyncMongoClient in different event loop. AsyncMongoClient uses low-level '
-        'asyncio APIs that bind it to the event loop it was created on."'
-    ),
     'motor': (
-        'the motor client is bound to one loop: after the first run_sync, asyncio.run(store.list_runs()) raises '
-        '"RuntimeError: Task <... MongoStepStore.list_runs() ...> got Future <Future pending> attached to a '
+        "the motor backend's stores are given the test's motor client, which belongs to the loop of its first use, and "
+        "a caller's client is never replaced (docs/mongo.md): after the first run_sync, asyncio.run(store.list_runs()) "
+        'raises "RuntimeError: Task <... MongoStepStore.list_runs() ...> got Future <Future pending> attached to a '
         'different loop"'
     ),
 }
-"""Backends whose store cannot be used from another event loop than its first one (stores/ code, not the capability)."""
+"""Backends whose store cannot be used from another event loop than its first one: their stores are given a client."""

@@ -23,7 +23,7 @@ def test_the_examples_run_against_the_server(
     mongo_server: MongoServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     examples = EXAMPLE.findall(PAGE.read_text())
-    assert len(examples) == 3
+    assert len(examples) == 4
     database = f'test_docs_{uuid.uuid4().hex[:12]}'
     monkeypatch.chdir(tmp_path)
     try:

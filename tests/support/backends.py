@@ -221,10 +221,19 @@ async def _postgres(request: pytest.FixtureRequest) -> AsyncIterator[BackendSess
 
 @asynccontextmanager
 async def _mongo(request: pytest.FixtureRequest, driver: Driver) -> AsyncIterator[BackendSession]:
-    """Each store on a fresh database through one `driver` client; the spec (a URL) names one more."""
+    """Each store on a fresh database; the spec (a URL) names one more.
+
+    pymongo's stores are built from the server's URL, each with its own client (as an application's,
+    which may use it from several event loops in turn); motor's are given the test's motor client
+    (a store builds only pymongo clients). The test's `driver` client counts documents."""
     server: MongoServer = request.getfixturevalue('mongo_server')
     async with server.scratch(driver) as scratch:
         shared = scratch.fresh_database()
+
+        def build(**options: Any) -> MongoStepStore:
+            if driver == 'pymongo':
+                return MongoStepStore(db_url=server.uri, database=scratch.fresh_database(), **options)
+            return MongoStepStore(client=scratch.client, database=scratch.fresh_database(), **options)
 
         async def count_media_blobs() -> int:
             return sum([await scratch.client[name]['media'].count_documents({}) for name in scratch.databases])
@@ -235,7 +244,7 @@ async def _mongo(request: pytest.FixtureRequest, driver: Driver) -> AsyncIterato
             return sum([await scratch.client[name]['messages'].count_documents(stored) for name in scratch.databases])
 
         async with closing(
-            lambda **options: MongoStepStore(client=scratch.client, database=scratch.fresh_database(), **options),
+            build,
             spec=lambda **options: {'backend': 'mongo', 'db_url': server.uri, 'database': shared, **options},
             count_media_blobs=count_media_blobs,
             count_stored_messages=count_stored_messages,

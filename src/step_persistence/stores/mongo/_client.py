@@ -1,7 +1,8 @@
 """The MongoDB client a store talks through: accepted client types, ownership and database handles.
 
 Both stores of this package (`MongoStepStore`, `MongoMediaStore`) take either a client the
-caller owns or a URL from which they build (and later close) their own. Only asynchronous
+caller owns or a URL from which they build (and later close) their own, one for each event loop
+they are used from (`MongoConnection`, `_loops.py`). Only asynchronous
 clients are accepted, so no call blocks the event loop: pymongo's `AsyncMongoClient` (the
 maintained driver) and motor's `AsyncIOMotorClient` (deprecated upstream, still common). Both
 expose the same awaitable collection API (except `aggregate`: use `aggregate_all`); this module
@@ -14,9 +15,9 @@ and what pymongo refuses while parsing one becomes a `ValueError` naming the red
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import UTC
 from typing import TYPE_CHECKING, Any, Final, TypeAlias, TypeVar, cast
 
@@ -24,10 +25,11 @@ from bson.codec_options import CodecOptions
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.asynchronous.database import AsyncDatabase
-from pymongo.errors import BulkWriteError, ConfigurationError, DuplicateKeyError, InvalidName
+from pymongo.errors import BulkWriteError, ConfigurationError, DuplicateKeyError, InvalidName, InvalidOperation
 from pymongo.write_concern import WriteConcern
 
 from step_persistence._urls import redact_text, redact_url, url_scheme
+from step_persistence.stores.mongo._loops import BoundClient, close_client
 
 if TYPE_CHECKING:
     from motor.motor_asyncio import AsyncIOMotorClient
@@ -88,12 +90,22 @@ def _is_motor_client(client: object) -> bool:
     return isinstance(client, AsyncIOMotorClient)
 
 
-@dataclass(frozen=True)
 class MongoConnection:
-    """A client and whether the store owns it (built it from a URL) and so must close it."""
+    """The client a store talks through, and whether the store owns it (built it from a URL).
 
-    client: MongoClientLike
-    owned: bool
+    pymongo binds a client to the event loop of its first operation, and an application may use a
+    store from one loop, then another (`run_sync` and `asyncio.run` in turn; never two at once).
+    So the store's own client is replaced at the first operation on a new loop, the old one closed
+    on its own loop without waiting for it (`_loops.BoundClient`). A caller's client is the
+    caller's: the store uses it as it is, on whatever loop, so it must be used from one loop.
+    """
+
+    def __init__(self, client: MongoClientLike, *, url: str | None) -> None:
+        self.client: MongoClientLike = client
+        """The newest client: the caller's, or the store's own for the latest loop it served."""
+        self._url = url
+        self._bound: BoundClient | None = None
+        self._closed = False
 
     @classmethod
     def open(cls, *, client: object, db_url: object) -> MongoConnection:
@@ -107,7 +119,7 @@ class MongoConnection:
             raise ValueError('give exactly one of client= (an async MongoDB client) or db_url= (a mongodb:// URL)')
         if client is not None:
             if isinstance(client, AsyncMongoClient) or _is_motor_client(client):
-                return cls(client=cast('MongoClientLike', client), owned=False)
+                return cls(cast('MongoClientLike', client), url=None)
             if isinstance(client, MongoClient):
                 raise TypeError(
                     'a synchronous pymongo MongoClient would block the event loop; '
@@ -116,30 +128,56 @@ class MongoConnection:
             raise TypeError(
                 f'client must be a pymongo AsyncMongoClient or a motor AsyncIOMotorClient, got {type(client).__name__}'
             )
-        return cls(client=_client_for(_mongodb_url(db_url)), owned=True)
+        url = _mongodb_url(db_url)
+        return cls(_client_for(url), url=url)
 
-    def database(self, name: object) -> Database:
-        """The database `name`, read with `CODEC_OPTIONS`; `ValueError` for an invalid name.
+    def database(self, name: object, client: MongoClientLike | None = None) -> Database:
+        """The database `name` through `client` (default: the newest), read with `CODEC_OPTIONS`;
+        `ValueError` for an invalid name.
 
         Writes are acknowledged even if the caller's client is configured with `w=0`: the
         stores rely on the server reporting duplicate keys.
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f'database must be a non-empty str, got {name!r}')
-        write_concern = None if self.client.write_concern.acknowledged else WriteConcern()
+        client = self.client if client is None else client
+        write_concern = None if client.write_concern.acknowledged else WriteConcern()
         try:
-            database = self.client.get_database(name, codec_options=CODEC_OPTIONS, write_concern=write_concern)
+            database = client.get_database(name, codec_options=CODEC_OPTIONS, write_concern=write_concern)
         except InvalidName as error:
             raise ValueError(f'invalid MongoDB database name {name!r}: {error}') from None
         return cast(Database, database)
 
+    def client_on_running_loop(self) -> MongoClientLike:
+        """The client for operations on the running loop.
+
+        The store's own client, if another loop used it, is let go there and a new one built for
+        the URL; once the store is closed, a new loop gets `InvalidOperation` (as pymongo answers on
+        the loop it closed on). A caller's client is returned as it is.
+        """
+        bound = self._bound
+        if self._url is None or (bound is not None and bound.loop is asyncio.get_running_loop()):
+            return self.client
+        if self._closed:
+            raise InvalidOperation('cannot use a MongoDB store after aclose()')
+        if bound is not None:
+            bound.let_go()
+            self.client = _client_for(self._url)
+        self._bound = BoundClient(self.client)
+        return self.client
+
     async def aclose(self) -> None:
-        """Close the client if the store built it; a caller's client is left open."""
-        if not self.owned:
+        """Close the store's own client (once; one bound to another loop is let go there); a caller's stays open."""
+        if self._url is None or self._closed:
             return
-        closed = self.client.close()
-        if inspect.isawaitable(closed):
-            await closed
+        self._closed = True
+        bound = self._bound
+        if bound is None:
+            await close_client(self.client)
+        elif bound.loop is asyncio.get_running_loop():
+            await bound.aclose()
+        else:
+            bound.let_go()
 
 
 async def upsert(operation: Callable[[], Awaitable[T]]) -> T:

@@ -24,8 +24,11 @@ import hashlib
 import json
 import secrets
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Final
+
+from pymongo.asynchronous.collection import AsyncCollection
 
 from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
@@ -36,6 +39,7 @@ from step_persistence.media.protocol import NO_CONTEXT, KeyStrategy, MediaContex
 from step_persistence.media.uri import check_digest, media_uri_for, parse_media_uri
 from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection, insert_new
 from step_persistence.stores.mongo._indexes import IndexSetup, chunk_indexes
+from step_persistence.stores.mongo._loops import PerLoop
 
 __all__ = ['DEFAULT_CHUNK_SIZE_BYTES', 'MAX_CHUNK_SIZE_BYTES', 'MongoMediaStore', 'digest_key']
 
@@ -72,6 +76,15 @@ def _utc(value: Any) -> datetime:
     return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
 
 
+@dataclass(frozen=True, slots=True)
+class _OnLoop:
+    """The collections of a `MongoMediaStore` for one event loop, and their index check (see `_loops.py`)."""
+
+    manifests: AsyncCollection[dict[str, Any]]
+    chunks: AsyncCollection[dict[str, Any]]
+    indexes: IndexSetup
+
+
 class MongoMediaStore(ClosesOnExit):
     """Content-addressed blobs in a MongoDB database (see the module docstring for the layout).
 
@@ -98,17 +111,65 @@ class MongoMediaStore(ClosesOnExit):
     ) -> None:
         if not isinstance(collection, str) or not collection:
             raise ValueError(f'collection must be a non-empty str, got {collection!r}')
-        self.chunk_size_bytes = _check_chunk_size(chunk_size_bytes)
-        self._connection = MongoConnection.open(client=client, db_url=db_url)
-        database_handle = self._connection.database(database)
-        self._manifests = database_handle[collection]
-        self._chunks = database_handle[f'{collection}_chunks']
-        self._indexes = IndexSetup(database_handle, chunk_indexes(self._chunks.name))
+        chunk_size_bytes = _check_chunk_size(chunk_size_bytes)
+        self._start(
+            MongoConnection.open(client=client, db_url=db_url),
+            closes_connection=True,
+            database=database,
+            collection=collection,
+            chunk_size_bytes=chunk_size_bytes,
+            key_strategy=key_strategy,
+            public_url=public_url,
+        )
+
+    @classmethod
+    def sharing(cls, connection: MongoConnection, *, database: str) -> MongoMediaStore:
+        """For step_persistence's own use: the default media store of a `MongoStepStore`, on the step store's
+        connection (following its client from loop to loop), which it never closes."""
+        store = cls.__new__(cls)
+        store._start(
+            connection,
+            closes_connection=False,
+            database=database,
+            collection='media',
+            chunk_size_bytes=DEFAULT_CHUNK_SIZE_BYTES,
+            key_strategy=digest_key,
+            public_url=None,
+        )
+        return store
+
+    def _start(
+        self,
+        connection: MongoConnection,
+        *,
+        closes_connection: bool,
+        database: str,
+        collection: str,
+        chunk_size_bytes: int,
+        key_strategy: KeyStrategy,
+        public_url: PublicUrlResolver | None,
+    ) -> None:
+        self.chunk_size_bytes = chunk_size_bytes
+        self._connection = connection
+        self._closes_connection = closes_connection
+        self._database = connection.database(database).name
+        self._collection = collection
+        self._full_name = f'{self._database}.{collection}'
+        self._on_loop = PerLoop(connection, self._build)
         self._key_strategy = key_strategy
         self._public_url = public_url
 
+    def _build(self, client: MongoClientLike) -> _OnLoop:
+        database = self._connection.database(self._database, client)
+        chunks = database[f'{self._collection}_chunks']
+        return _OnLoop(
+            manifests=database[self._collection],
+            chunks=chunks,
+            indexes=IndexSetup(database, chunk_indexes(chunks.name)),
+        )
+
     def __repr__(self) -> str:
-        return f'{type(self).__name__}(collection={self._manifests.full_name!r})'
+        return f'{type(self).__name__}(collection={self._full_name!r})'
 
     def key_for(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str:
         """The manifest `_id` of the blob at `uri` (`ValueError` for a malformed URI or unsafe key).
@@ -123,14 +184,15 @@ class MongoMediaStore(ClosesOnExit):
         uri = media_uri_for(data)
         key = self.key_for(uri, context=context)
         digest = parse_media_uri(uri)
+        on = self._on_loop.get()
         for _ in range(_ATTEMPTS):
-            manifest = await self._touched(key)
+            manifest = await self._touched(on, key)
             if manifest is None:
-                if await self._store_new(key, digest, data, context):
+                if await self._store_new(on, key, digest, data, context):
                     return uri
-            elif await self._intact(uri, manifest) or await self._replace(key, manifest, digest, data):
+            elif await self._intact(on, uri, manifest) or await self._replace(on, key, manifest, digest, data):
                 return uri
-        raise RuntimeError(f'blob {uri} in {self._manifests.full_name} kept changing while being stored')
+        raise RuntimeError(f'blob {uri} in {self._full_name} kept changing while being stored')
 
     def _chunk_documents(self, digest: str, data: bytes) -> tuple[str, list[dict[str, Any]]]:
         """A fresh `files_id` for `data` and its chunk documents (each put writes chunks of its own)."""
@@ -152,11 +214,11 @@ class MongoMediaStore(ClosesOnExit):
             'touched_at': media_now(),
         }
 
-    async def _store_new(self, key: str, digest: str, data: bytes, context: MediaContext) -> bool:
+    async def _store_new(self, on: _OnLoop, key: str, digest: str, data: bytes, context: MediaContext) -> bool:
         """Write the chunks, then the manifest; `False` if another put stored a manifest first (ours go)."""
-        await self._indexes.ensure()
+        await on.indexes.ensure()
         files_id, chunks = self._chunk_documents(digest, data)
-        await insert_new(self._chunks, chunks)
+        await insert_new(on.chunks, chunks)
         manifest = {
             '_id': key,
             **self._content(digest, data, files_id, len(chunks)),
@@ -164,55 +226,54 @@ class MongoMediaStore(ClosesOnExit):
             'filename': context.filename,
             'metadata': json.dumps(dict(context.metadata), ensure_ascii=False),
         }
-        await insert_new(self._manifests, [manifest])
-        if await self._manifests.find_one({'_id': key, 'files_id': files_id}, {'_id': 1}) is not None:
+        await insert_new(on.manifests, [manifest])
+        if await on.manifests.find_one({'_id': key, 'files_id': files_id}, {'_id': 1}) is not None:
             return True
-        await self._chunks.delete_many({'files_id': files_id})
+        await on.chunks.delete_many({'files_id': files_id})
         return False
 
-    async def _replace(self, key: str, manifest: Mapping[str, Any], digest: str, data: bytes) -> bool:
+    async def _replace(self, on: _OnLoop, key: str, manifest: Mapping[str, Any], digest: str, data: bytes) -> bool:
         """Point the damaged blob's manifest at fresh chunks of `data` (keeping its metadata), then drop the old ones.
 
         `False` if another put (or a deletion) changed the manifest first: ours go, and the caller
         looks at the manifest again.
         """
-        await self._indexes.ensure()
+        await on.indexes.ensure()
         files_id, chunks = self._chunk_documents(digest, data)
-        await insert_new(self._chunks, chunks)
+        await insert_new(on.chunks, chunks)
         old = manifest.get('files_id')
         unchanged = old if isinstance(old, str) else {'$not': {'$type': 'string'}}  # never a stored operator
-        result = await self._manifests.update_one(
+        result = await on.manifests.update_one(
             {'_id': key, 'files_id': unchanged}, {'$set': self._content(digest, data, files_id, len(chunks))}
         )
         if not result.matched_count:
-            await self._chunks.delete_many({'files_id': files_id})
+            await on.chunks.delete_many({'files_id': files_id})
             return False
-        if isinstance(old, str) and await self._manifests.find_one({'files_id': old}, {'_id': 1}) is None:
-            await self._chunks.delete_many({'files_id': old})
+        if isinstance(old, str) and await on.manifests.find_one({'files_id': old}, {'_id': 1}) is None:
+            await on.chunks.delete_many({'files_id': old})
         return True
 
-    async def _touched(self, key: str) -> dict[str, Any] | None:
+    @staticmethod
+    async def _touched(on: _OnLoop, key: str) -> dict[str, Any] | None:
         """Refresh the manifest's `touched_at` and return where its bytes are (`None`: no such blob)."""
-        manifest: dict[str, Any] | None = await self._manifests.find_one_and_update(
+        manifest: dict[str, Any] | None = await on.manifests.find_one_and_update(
             {'_id': key}, {'$set': {'touched_at': media_now()}}, projection=_CONTENT
         )
         return manifest
 
-    async def _intact(self, uri: str, manifest: Mapping[str, Any]) -> bool:
+    async def _intact(self, on: _OnLoop, uri: str, manifest: Mapping[str, Any]) -> bool:
         """Whether the blob's chunks hash to its digest (read back in full); a damaged blob is logged."""
         digest = parse_media_uri(uri)
         hashed = hashlib.sha256()
         try:
             if manifest.get('digest') != digest:
                 raise ValueError(f'blob {uri} is corrupt: its manifest names another digest')
-            async for part in self._parts(uri, manifest):
+            async for part in self._parts(on, uri, manifest):
                 hashed.update(part)
             if hashed.hexdigest() != digest:
                 raise ValueError(f'blob {uri} is corrupt: its bytes hash to sha256 {hashed.hexdigest()}')
         except ValueError as error:
-            logger.warning(
-                'blob %s in %s is damaged, it will be written again: %s', uri, self._manifests.full_name, error
-            )
+            logger.warning('blob %s in %s is damaged, it will be written again: %s', uri, self._full_name, error)
             return False
         return True
 
@@ -221,11 +282,13 @@ class MongoMediaStore(ClosesOnExit):
 
         A damaged blob (logged) answers `False`, so that the caller puts its bytes again.
         """
-        manifest = await self._touched(self.key_for(uri, context=context))
-        return manifest is not None and await self._intact(uri, manifest)
+        key = self.key_for(uri, context=context)
+        on = self._on_loop.get()
+        manifest = await self._touched(on, key)
+        return manifest is not None and await self._intact(on, uri, manifest)
 
     async def list_blobs(self) -> AsyncIterator[StoredBlob]:
-        async for manifest in self._manifests.find({}, {'_id': 1, 'touched_at': 1}):
+        async for manifest in self._on_loop.get().manifests.find({}, {'_id': 1, 'touched_at': 1}):
             key = manifest['_id']
             uri = uri_of_key(key) if isinstance(key, str) else None
             if uri is not None:
@@ -239,31 +302,36 @@ class MongoMediaStore(ClosesOnExit):
         query: dict[str, Any] = {'_id': blob.key}
         if touched_before is not None:
             query['$or'] = [{'touched_at': {'$lt': touched_before}}, {'touched_at': {'$exists': False}}]
-        manifest = await self._manifests.find_one_and_delete(query, projection={'files_id': 1})
+        on = self._on_loop.get()
+        manifest = await on.manifests.find_one_and_delete(query, projection={'files_id': 1})
         if manifest is None:
             return False
         files_id = manifest.get('files_id')
-        if isinstance(files_id, str) and await self._manifests.find_one({'files_id': files_id}, {'_id': 1}) is None:
-            await self._chunks.delete_many({'files_id': files_id})
+        if isinstance(files_id, str) and await on.manifests.find_one({'files_id': files_id}, {'_id': 1}) is None:
+            await on.chunks.delete_many({'files_id': files_id})
         return True
 
-    async def _manifest(self, uri: str, context: MediaContext) -> dict[str, Any]:
-        manifest = await self._manifests.find_one({'_id': self.key_for(uri, context=context)})
+    async def _manifest(self, uri: str, context: MediaContext) -> tuple[_OnLoop, dict[str, Any]]:
+        """The blob's manifest (`FileNotFoundError` if there is none), and the collections it was read from."""
+        key = self.key_for(uri, context=context)
+        on = self._on_loop.get()
+        manifest = await on.manifests.find_one({'_id': key})
         if manifest is None:
-            raise FileNotFoundError(f'blob {uri} is not in {self._manifests.full_name}')
-        return manifest
+            raise FileNotFoundError(f'blob {uri} is not in {self._full_name}')
+        return on, manifest
 
     async def get(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bytes:
-        manifest = await self._manifest(uri, context)
-        return check_digest(uri, b''.join([part async for part in self._parts(uri, manifest)]))
+        on, manifest = await self._manifest(uri, context)
+        return check_digest(uri, b''.join([part async for part in self._parts(on, uri, manifest)]))
 
-    async def _parts(self, uri: str, manifest: Mapping[str, Any]) -> AsyncIterator[bytes]:
+    @staticmethod
+    async def _parts(on: _OnLoop, uri: str, manifest: Mapping[str, Any]) -> AsyncIterator[bytes]:
         """The blob's chunks in order; `ValueError` ("corrupt") for a malformed manifest or a missing chunk."""
         count, files_id = _count(manifest.get('chunks')), manifest.get('files_id')
         if count is None or not isinstance(files_id, str):
             raise ValueError(f'blob {uri} is corrupt: its manifest is malformed')
         seen = 0
-        async for chunk in self._chunks.find({'files_id': files_id, 'n': {'$lt': count}}, {'_id': 0}).sort('n'):
+        async for chunk in on.chunks.find({'files_id': files_id, 'n': {'$lt': count}}, {'_id': 0}).sort('n'):
             if chunk.get('n') != seen or not isinstance(chunk.get('data'), bytes):
                 raise ValueError(f'blob {uri} is corrupt: chunk {seen} is missing or malformed')
             seen += 1
@@ -272,14 +340,15 @@ class MongoMediaStore(ClosesOnExit):
             raise ValueError(f'blob {uri} is corrupt: {count - seen} of its {count} chunks are missing')
 
     async def exists(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> bool:
-        return await self._manifests.find_one({'_id': self.key_for(uri, context=context)}, {'_id': 1}) is not None
+        key = self.key_for(uri, context=context)
+        return await self._on_loop.get().manifests.find_one({'_id': key}, {'_id': 1}) is not None
 
     async def public_url(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> str | None:
         require_text('uri', uri)
         return await resolve_public_url(self._public_url, uri, context)
 
     async def get_metadata(self, uri: str, *, context: MediaContext = NO_CONTEXT) -> Mapping[str, str]:
-        manifest = await self._manifest(uri, context)
+        _, manifest = await self._manifest(uri, context)
         try:
             metadata = json.loads(manifest['metadata'])
         except (KeyError, TypeError, ValueError):
@@ -291,5 +360,7 @@ class MongoMediaStore(ClosesOnExit):
         return metadata
 
     async def aclose(self) -> None:
-        """Close the client if the store built it from `db_url`; a caller's client stays open."""
-        await self._connection.aclose()
+        """Close the client if the store built it from `db_url`; a caller's client stays open, and so does the
+        client of the step store whose default media store this is (the step store closes it)."""
+        if self._closes_connection:
+            await self._connection.aclose()

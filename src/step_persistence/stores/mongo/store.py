@@ -9,11 +9,13 @@ docs/mongo.md.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Final
 
 from pymongo import ASCENDING, DESCENDING
+from pymongo.asynchronous.collection import AsyncCollection
 
 from step_persistence import lifecycle
 from step_persistence._arguments import require_text
@@ -36,7 +38,7 @@ from step_persistence.stores._listing import ConversationFilter, RunFilter
 from step_persistence.stores._media import MediaSetting, MessageMedia
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.mongo._call_order import CallOrder
-from step_persistence.stores.mongo._client import MongoClientLike, MongoConnection
+from step_persistence.stores.mongo._client import Database, MongoClientLike, MongoConnection
 from step_persistence.stores.mongo._conversations import Conversations
 from step_persistence.stores.mongo._counters import Counters
 from step_persistence.stores.mongo._documents import (
@@ -52,6 +54,7 @@ from step_persistence.stores.mongo._known_runs import KnownRuns, Registered
 from step_persistence.stores.mongo._lifecycle import TOOL_EFFECT_ORDER, started_before_query
 from step_persistence.stores.mongo._limits import check_document_size
 from step_persistence.stores.mongo._lines import LineBases
+from step_persistence.stores.mongo._loops import PerLoop
 from step_persistence.stores.mongo._messages import MessageStore
 from step_persistence.stores.mongo._reclaiming import collect_media, release_lines
 from step_persistence.stores.mongo._runs import find_runs, find_snapshot, insert_run, run_query
@@ -62,6 +65,25 @@ __all__ = ['MongoStepStore']
 
 _LATEST_PAGE: Final = 4
 """How many snapshot headers `latest_snapshot` reads at a time while skipping unreadable ones."""
+
+
+@dataclass(frozen=True, slots=True)
+class _OnLoop:
+    """What the store builds on its client's database, for one event loop (see `_loops.py`)."""
+
+    db: Database
+    runs: AsyncCollection[dict[str, Any]]
+    events: AsyncCollection[dict[str, Any]]
+    snapshots: AsyncCollection[dict[str, Any]]
+    effects: AsyncCollection[dict[str, Any]]
+    conversations: Conversations
+    indexes: IndexSetup
+    counters: Counters
+    bases: LineBases
+    messages: MessageStore
+    known_runs: KnownRuns
+    order: CallOrder
+    writer: RunWriter
 
 
 class MongoStepStore(PrunesOldRuns, ClosesOnExit):
@@ -94,69 +116,83 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     ) -> None:
         self.max_snapshots_per_run = validate_max_snapshots(max_snapshots_per_run)
         self._connection = MongoConnection.open(client=client, db_url=db_url)
-        self._db = self._connection.database(database)
-        media = MessageMedia.resolve(media_store, media_threshold_bytes, default=self._default_media_store)
-        self.media_store: MediaStore | None = media.store
+        self._database = self._connection.database(database).name
+        self._media = MessageMedia.resolve(media_store, media_threshold_bytes, default=self._default_media_store)
+        self.media_store: MediaStore | None = self._media.store
         """Where large message parts go; `None` when they stay inline."""
-        self.media_threshold_bytes = media.threshold_bytes
-        self._conversations = Conversations(self._db)
-        self._indexes = IndexSetup(
-            self._db, STEP_INDEXES, obsolete=OBSOLETE_STEP_INDEXES, then=self._conversations.build
-        )
-        self._counters = Counters(self._db)
-        self._bases = bases = LineBases(self._db)
-        self._messages = MessageStore(self._db, media, bases)
-        self._runs = self._db['runs']
-        self._events = self._db['events']
-        self._snapshots = self._db['snapshots']
-        self._effects = self._db['tool_effects']
-        self._known_runs = KnownRuns()
-        self._order = CallOrder()
-        self._writer = RunWriter(
-            self._db,
-            counters=self._counters,
-            messages=self._messages,
+        self.media_threshold_bytes = self._media.threshold_bytes
+        self._on_loop = PerLoop(self._connection, self._build)
+
+    def _build(self, client: MongoClientLike) -> _OnLoop:
+        db = self._connection.database(self._database, client)
+        conversations = Conversations(db)
+        counters = Counters(db)
+        bases = LineBases(db)
+        messages = MessageStore(db, self._media, bases)
+        known_runs = KnownRuns()
+        return _OnLoop(
+            db=db,
+            runs=db['runs'],
+            events=db['events'],
+            snapshots=db['snapshots'],
+            effects=db['tool_effects'],
+            conversations=conversations,
+            indexes=IndexSetup(db, STEP_INDEXES, obsolete=OBSOLETE_STEP_INDEXES, then=conversations.build),
+            counters=counters,
             bases=bases,
-            heads=RunHeads(self._db, self._messages, self._known_runs),
-            known_runs=self._known_runs,
-            max_snapshots_per_run=self.max_snapshots_per_run,
+            messages=messages,
+            known_runs=known_runs,
+            order=CallOrder(),
+            writer=RunWriter(
+                db,
+                counters=counters,
+                messages=messages,
+                bases=bases,
+                heads=RunHeads(db, messages, known_runs),
+                known_runs=known_runs,
+                max_snapshots_per_run=self.max_snapshots_per_run,
+            ),
         )
 
     def _default_media_store(self) -> MediaStore:
-        return MongoMediaStore(client=self._connection.client, database=self._db.name)
+        return MongoMediaStore.sharing(self._connection, database=self._database)
 
     @property
     def client(self) -> MongoClientLike:
-        """The client the store talks through (its own when built from `db_url`)."""
+        """The client the store talks through (its own when built from `db_url`: the one of the latest event loop)."""
         return self._connection.client
 
     def __repr__(self) -> str:
-        return f'{type(self).__name__}(database={self._db.name!r}, max_snapshots={self.max_snapshots_per_run!r})'
+        return f'{type(self).__name__}(database={self._database!r}, max_snapshots={self.max_snapshots_per_run!r})'
 
     async def create_indexes(self) -> None:
         """Create the store's indexes now, those of `lines` and `conversations` included (writes create
         them otherwise, as they need them); `IndexCreationError` on a clash."""
-        await self._indexes.ensure()
-        await self._bases.create_index()
-        await self._conversations.create_index()
+        on = self._on_loop.get()
+        await on.indexes.ensure()
+        await on.bases.create_index()
+        await on.conversations.create_index()
 
     # --- runs ---
 
     async def register_run(self, record: RunRecord) -> None:
-        await self._order.write([record.run_id], partial(self._register_run, record))
+        on = self._on_loop.get()
+        await on.order.write([record.run_id], partial(self._register_run, on, record))
 
-    async def _register_run(self, record: RunRecord) -> None:
-        await self._indexes.ensure()
+    @staticmethod
+    async def _register_run(on: _OnLoop, record: RunRecord) -> None:
+        await on.indexes.ensure()
         check_document_size(run_document(record, registration=0), what='the run record', run_id=record.run_id)
-        registration = await self._counters.next_registration()
-        stored = await insert_run(self._runs, record, registration)
-        await self._counters.start_run(record.run_id, registration)
-        await self._conversations.added(stored, registration)
-        self._known_runs.remember(record.run_id, Registered(registration=registration, origin=stored.origin))
+        registration = await on.counters.next_registration()
+        stored = await insert_run(on.runs, record, registration)
+        await on.counters.start_run(record.run_id, registration)
+        await on.conversations.added(stored, registration)
+        on.known_runs.remember(record.run_id, Registered(registration=registration, origin=stored.origin))
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         require_text('run_id', run_id)
-        document = await self._order.read(run_id, partial(self._runs.find_one, {'_id': run_id}))
+        on = self._on_loop.get()
+        document = await on.order.read(run_id, partial(on.runs.find_one, {'_id': run_id}))
         return None if document is None else read_or_skip(f'run {run_id!r}', partial(run_from_document, document))
 
     async def list_runs(
@@ -178,17 +214,20 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
             limit=limit,
             newest_first=newest_first,
         )
-        return await find_runs(self._runs, run_query(chosen), limit=chosen.limit, newest_first=newest_first)
+        runs = self._on_loop.get().runs
+        return await find_runs(runs, run_query(chosen), limit=chosen.limit, newest_first=newest_first)
 
     async def list_conversations(
         self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
     ) -> list[ConversationSummary]:
         """Conversation summaries from the `conversations` collection (see `_conversations.py`)."""
         ConversationFilter(limit=limit, newest_first=newest_first, agent_name=agent_name)
-        return await self._conversations.summaries(limit=limit, newest_first=newest_first, agent_name=agent_name)
+        conversations = self._on_loop.get().conversations
+        return await conversations.summaries(limit=limit, newest_first=newest_first, agent_name=agent_name)
 
     async def find_snapshot(self, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:
-        return await find_snapshot(self._db, conversation_id=conversation_id, history_digest=history_digest)
+        db = self._on_loop.get().db
+        return await find_snapshot(db, conversation_id=conversation_id, history_digest=history_digest)
 
     # --- writes ---
 
@@ -201,15 +240,18 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         if writes.is_empty():
             return
         runs = by_run(writes)
-        await self._order.write(runs, partial(self._write, runs))
+        on = self._on_loop.get()
+        await on.order.write(runs, partial(self._write, on, runs))
 
-    async def _write(self, runs: dict[str, RunWrites]) -> None:
-        await self._indexes.ensure()
+    @staticmethod
+    async def _write(on: _OnLoop, runs: dict[str, RunWrites]) -> None:
+        await on.indexes.ensure()
         for run_id, writes in runs.items():
-            await self._writer.apply(run_id, writes)
+            await on.writer.apply(run_id, writes)
 
     async def _write_one(self, run_id: str, writes: RunWrites) -> None:
-        await self._order.write([run_id], partial(self._write, {run_id: writes}))
+        on = self._on_loop.get()
+        await on.order.write([run_id], partial(self._write, on, {run_id: writes}))
 
     # --- events ---
 
@@ -218,8 +260,9 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
 
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         require_text('run_id', run_id)
-        cursor = self._events.find({'run_id': run_id}).sort('seq', ASCENDING)
-        documents = await self._order.read(run_id, partial(cursor.to_list, None))
+        on = self._on_loop.get()
+        cursor = on.events.find({'run_id': run_id}).sort('seq', ASCENDING)
+        documents = await on.order.read(run_id, partial(cursor.to_list, None))
         return read_each(
             documents, lambda document: f'event {document.get("seq")!r} of run {run_id!r}', event_from_document
         )
@@ -233,28 +276,30 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     def _snapshot_query(run_id: str, include_interrupted: bool) -> dict[str, Any]:
         return {'run_id': run_id, 'state': {'$ne': None} if include_interrupted else 'complete'}
 
-    async def _snapshot(self, run_id: str, document: dict[str, Any]) -> ContinuableSnapshot | None:
+    @staticmethod
+    async def _snapshot(on: _OnLoop, run_id: str, document: dict[str, Any]) -> ContinuableSnapshot | None:
         """The snapshot `document` stores, with its messages; `None` (logged) if it cannot be read."""
 
         async def read() -> ContinuableSnapshot:
             header, view = snapshot_from_document(document)
-            return header.model_copy(update={'messages': await self._messages.history(view)})
+            return header.model_copy(update={'messages': await on.messages.history(view)})
 
         return await read_or_skip_async(f'snapshot {document.get("seq")!r} of run {run_id!r}', read)
 
     async def latest_snapshot(self, *, run_id: str, include_interrupted: bool = False) -> ContinuableSnapshot | None:
         """The newest readable matching snapshot; unreadable newer ones are skipped and logged."""
         require_text('run_id', run_id)
-        return await self._order.read(run_id, partial(self._latest_snapshot, run_id, include_interrupted))
+        on = self._on_loop.get()
+        return await on.order.read(run_id, partial(self._latest_snapshot, on, run_id, include_interrupted))
 
-    async def _latest_snapshot(self, run_id: str, include_interrupted: bool) -> ContinuableSnapshot | None:
+    async def _latest_snapshot(self, on: _OnLoop, run_id: str, include_interrupted: bool) -> ContinuableSnapshot | None:
         matching = self._snapshot_query(run_id, include_interrupted)
         query, offset = matching, 0
         while True:
-            cursor = self._snapshots.find(query).sort([('seq', DESCENDING), ('_id', DESCENDING)])
+            cursor = on.snapshots.find(query).sort([('seq', DESCENDING), ('_id', DESCENDING)])
             page = await cursor.skip(offset).limit(_LATEST_PAGE).to_list(None)
             for document in page:
-                snapshot = await self._snapshot(run_id, document)
+                snapshot = await self._snapshot(on, run_id, document)
                 if snapshot is not None:
                     return snapshot
             if len(page) < _LATEST_PAGE:
@@ -268,11 +313,12 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         """Retained matching snapshots in sequence order; unreadable ones are skipped and logged."""
         require_text('run_id', run_id)
-        return await self._order.read(run_id, partial(self._list_snapshots, run_id, include_interrupted))
+        on = self._on_loop.get()
+        return await on.order.read(run_id, partial(self._list_snapshots, on, run_id, include_interrupted))
 
-    async def _list_snapshots(self, run_id: str, include_interrupted: bool) -> list[ContinuableSnapshot]:
-        cursor = self._snapshots.find(self._snapshot_query(run_id, include_interrupted)).sort('seq', ASCENDING)
-        snapshots = [await self._snapshot(run_id, document) for document in await cursor.to_list(None)]
+    async def _list_snapshots(self, on: _OnLoop, run_id: str, include_interrupted: bool) -> list[ContinuableSnapshot]:
+        cursor = on.snapshots.find(self._snapshot_query(run_id, include_interrupted)).sort('seq', ASCENDING)
+        snapshots = [await self._snapshot(on, run_id, document) for document in await cursor.to_list(None)]
         return [snapshot for snapshot in snapshots if snapshot is not None]
 
     # --- tool effects ---
@@ -283,8 +329,9 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:
         require_text('run_id', run_id)
         require_text('tool_call_id', tool_call_id)
+        on = self._on_loop.get()
         query = {'run_id': run_id, 'tool_call_id': tool_call_id}
-        document = await self._order.read(run_id, partial(self._effects.find_one, query))
+        document = await on.order.read(run_id, partial(on.effects.find_one, query))
         if document is None:
             return None
         return read_or_skip(
@@ -300,8 +347,9 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         return await self._tool_effects(run_id, {'run_id': run_id})
 
     async def _tool_effects(self, run_id: str, query: dict[str, Any]) -> list[ToolEffectRecord]:
-        cursor = self._effects.find(query).sort(TOOL_EFFECT_ORDER)
-        documents = await self._order.read(run_id, partial(cursor.to_list, None))
+        on = self._on_loop.get()
+        cursor = on.effects.find(query).sort(TOOL_EFFECT_ORDER)
+        documents = await on.order.read(run_id, partial(cursor.to_list, None))
         return read_each(
             documents,
             lambda document: f'tool effect {document.get("tool_call_id")!r} of run {run_id!r}',
@@ -320,34 +368,38 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         require_text('run_id', run_id)
         if cascade:
             await lifecycle.delete_delegated_runs(self, run_id)
-        await self._order.write([run_id], partial(self._delete_run, run_id))
+        on = self._on_loop.get()
+        await on.order.write([run_id], partial(self._delete_run, on, run_id))
 
     async def runs_started_before(self, cutoff: datetime) -> list[RunRecord]:
         """The runs that started before `cutoff`, oldest first, found with the `started_at` index (for `prune_runs`)."""
         if not isinstance(cutoff, datetime):
             raise TypeError(f'cutoff must be a datetime, not {type(cutoff).__name__}')
-        return await find_runs(self._runs, started_before_query(cutoff))
+        return await find_runs(self._on_loop.get().runs, started_before_query(cutoff))
 
-    async def _delete_run(self, run_id: str) -> None:
-        self._known_runs.discard(run_id)
-        run = await self._runs.find_one({'_id': run_id}, {'conversation_id': 1})
-        await release_lines(self._db, run_id)
-        for collection in (self._events, self._snapshots, self._effects):
+    @staticmethod
+    async def _delete_run(on: _OnLoop, run_id: str) -> None:
+        on.known_runs.discard(run_id)
+        run = await on.runs.find_one({'_id': run_id}, {'conversation_id': 1})
+        await release_lines(on.db, run_id)
+        for collection in (on.events, on.snapshots, on.effects):
             await collection.delete_many({'run_id': run_id})
-        await self._counters.delete_run(run_id)
+        await on.counters.delete_run(run_id)
         conversation_id = None if run is None else run.get('conversation_id')
         if isinstance(conversation_id, str):
-            await self._conversations.removing(run_id, conversation_id)
-        await self._runs.delete_one({'_id': run_id})
+            await on.conversations.removing(run_id, conversation_id)
+        await on.runs.delete_one({'_id': run_id})
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
         """Delete message documents no snapshot uses and unreferenced blobs (see `_reclaiming.py`)."""
-        return await collect_media(self._db, self.media_store, grace=grace)
+        return await collect_media(self._on_loop.get().db, self.media_store, grace=grace)
 
     async def aclose(self) -> None:
-        """Finish writes still running, then close the client if the store built it from `db_url`.
+        """Finish writes still running on this event loop, then close the client if the store built it from `db_url`.
 
         A caller's client stays open.
         """
-        await self._order.drain()
+        on = self._on_loop.built_for_running_loop()
+        if on is not None:
+            await on.order.drain()
         await self._connection.aclose()
