@@ -4,8 +4,8 @@ pymongo binds a client to the event loop of its first operation, and an applicat
 store from one loop, then another (`run_sync` and `asyncio.run` in turn), never from two at once.
 
 - `BoundClient`: a client the store built, on the loop it is bound to. It is closed on that loop:
-  by the store's `aclose()`, or when the loop is shut down (`asyncio.run`, any `asyncio.Runner`,
-  anyio's included, finalizes the loop's async generators before closing it, and a bound client
+  by the store's `aclose()`, or when the loop is shut down (`asyncio.run` and `asyncio.Runner`,
+  anyio's runner too, finalize the loop's async generators before closing it, and a bound client
   keeps one suspended for that), or, once the store has moved to another loop (`let_go`), when
   its loop runs again (at once if it runs in another thread). A loop that never runs again (the
   one `run_sync` leaves idle) takes the client with it when both are garbage collected.
@@ -21,7 +21,7 @@ import contextlib
 import inspect
 import sys
 from collections.abc import AsyncGenerator, Callable
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from step_persistence._reading import logger
 
@@ -54,11 +54,8 @@ def _start_on_running_loop(guard: AsyncGenerator[None, None]) -> None:
     firstiter, finalizer = sys.get_asyncgen_hooks()
     sys.set_asyncgen_hooks(firstiter, _forget)
     try:
-        guard.asend(None).send(None)
-    except StopIteration:
-        pass
-    else:  # pragma: no cover - a guard's first step is its yield
-        raise RuntimeError('the guard of a MongoDB client awaited before its first yield')
+        with contextlib.suppress(StopIteration):  # the step ends at the yield
+            guard.asend(None).send(None)
     finally:
         sys.set_asyncgen_hooks(firstiter, finalizer)
 
@@ -123,7 +120,7 @@ class PerLoop(Generic[T]):
         self._connection = connection
         self._build = build
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._client: Any = None
+        self._client: MongoClientLike | None = None
 
     def get(self) -> T:
         """What the running loop uses (call from a coroutine)."""

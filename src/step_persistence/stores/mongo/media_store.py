@@ -89,11 +89,12 @@ class MongoMediaStore(ClosesOnExit):
     """Content-addressed blobs in a MongoDB database (see the module docstring for the layout).
 
     Give exactly one of `client` (a pymongo `AsyncMongoClient` or motor `AsyncIOMotorClient`,
-    never closed by the store) or `db_url` (the store builds a client and closes it in
-    `aclose()`). Putting bytes already stored under the same key writes nothing and keeps the
-    first metadata, unless the stored chunks no longer match the digest: then they are written
-    again. Reads reassemble the chunks and check them against the digest (`ValueError` if they
-    differ or a chunk is missing); so does `touch`, which answers `False` for a damaged blob.
+    never closed by the store, used from its own event loop only) or `db_url` (the store builds a
+    client for each event loop it is used from in turn, as `MongoStepStore` does, and closes it).
+    Putting bytes already stored under the same key writes nothing and keeps the first metadata,
+    unless the stored chunks no longer match the digest: then they are written again. Reads
+    reassemble the chunks and check them against the digest (`ValueError` if they differ or a
+    chunk is missing); so does `touch`, which answers `False` for a damaged blob.
     `key_strategy` picks the manifest's `_id` (default: the SHA-256); `public_url` resolves URLs
     for blobs served by some other means. URIs and keys that are not strings are a `TypeError`.
     """

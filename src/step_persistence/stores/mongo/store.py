@@ -90,13 +90,15 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
     """Runs, events, snapshots and tool effects in one MongoDB database.
 
     Give exactly one of `client` (a pymongo `AsyncMongoClient` or motor `AsyncIOMotorClient`
-    the caller owns: never closed by the store) or `db_url` (`mongodb://...`; the store builds a
-    pymongo client and closes it in `aclose()`); `database` names the database. Collections:
-    `runs`, `events`, `snapshots`, `tool_effects`, `messages`, `lines`, `conversations` and
-    `counters`; their indexes are created on the store's first write (needs the `readWrite` role).
-    `media_store='auto'` puts large message parts in a `MongoMediaStore` on the same client and
-    database; `None` keeps them inline. A message, run, event or tool effect that would exceed MongoDB's 16 MiB document
-    limit raises `ValueError` naming the limit and the run, and nothing of it is written. Calls on
+    the caller owns: never closed by the store, and used as it is, so from its own event loop only)
+    or `db_url` (`mongodb://...`; the store builds a pymongo client for each event loop it is used
+    from in turn, closes the one it leaves on that loop, and the last in `aclose()`); `database`
+    names the database. Collections: `runs`, `events`, `snapshots`, `tool_effects`, `messages`,
+    `lines`, `conversations` and `counters`; their indexes are created on the store's first write
+    (needs the `readWrite` role). `media_store='auto'` puts large message parts in a
+    `MongoMediaStore` on the same client and database; `None` keeps them inline. A message, run,
+    event or tool effect that would exceed MongoDB's 16 MiB document limit raises `ValueError`
+    naming the limit and the run, and nothing of it is written. Calls on
     one run take effect in the order they were made; a write completes even if its caller is
     cancelled, and `aclose()` waits for it. `write_batch` applies several writes in a few round
     trips (see docs/mongo.md). Every id and filter must be a `str` (`TypeError` before anything
