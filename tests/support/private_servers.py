@@ -11,9 +11,10 @@ import shutil
 import signal
 import subprocess
 import tempfile
+from functools import partial
 from pathlib import Path
 
-from support.servers import free_port, wait_until
+from support.servers import free_port, start_server, stop_server
 from support.servers.mongo import _answers_ping, _secantus_command
 from support.servers.postgres import (
     SERVER_OPTIONS,
@@ -112,13 +113,10 @@ class PrivateMongo:
             *('--host', '127.0.0.1', '--port', str(self.port), '--storage-path', str(self.root / 'data')),
             *('--log-level', 'WARNING'),
         ]
-        log_path = self.root / 'server.log'
-        with log_path.open('ab') as log:
-            process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        self._process = process
-        wait_until(lambda: process.poll() is not None or _answers_ping(self.uri), timeout=60, what='SecantusDB')
-        if process.poll() is not None:
-            raise RuntimeError(f'secantusd-py exited with status {process.returncode}: {log_path.read_text()}')
+        ready = partial(_answers_ping, self.uri)
+        self._process = start_server(
+            command, log_path=self.root / 'server.log', ready=ready, what='SecantusDB', timeout=60
+        )
 
     def freeze(self) -> None:
         assert self._process is not None
@@ -134,14 +132,8 @@ class PrivateMongo:
         if self._process is not None:
             self.thaw()
         process, self._process = self._process, None
-        if process is None:
-            return
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        if process is not None:
+            stop_server(process, timeout=30)
 
     def close(self) -> None:
         """Kill the server: its data is thrown away, no need to wait for a clean shutdown."""

@@ -11,12 +11,14 @@ from __future__ import annotations
 import os
 import random
 import socket
+import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
-__all__ = ['free_port', 'skip_if_opted_out', 'wait_until']
+__all__ = ['free_port', 'skip_if_opted_out', 'start_server', 'stop_server', 'wait_until']
 
 
 _SERVER_PORTS = range(20000, 32768)
@@ -53,3 +55,36 @@ def wait_until(check: Callable[[], bool], *, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f'{what} did not become ready within {timeout} s')
         time.sleep(0.05)
+
+
+def start_server(
+    command: Sequence[str],
+    *,
+    log_path: Path,
+    ready: Callable[[], bool],
+    what: str,
+    timeout: float,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    """Start `command` (its output appended to `log_path`) and wait until `ready()`; `RuntimeError` with the
+    log if it exits first, `TimeoutError` if it is not ready within `timeout` seconds (it is stopped then)."""
+    with log_path.open('ab') as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_until(lambda: process.poll() is not None or ready(), timeout=timeout, what=what)
+    except TimeoutError:
+        stop_server(process)
+        raise
+    if process.poll() is not None:
+        raise RuntimeError(f'{what} exited with status {process.returncode}: {log_path.read_text(errors="replace")}')
+    return process
+
+
+def stop_server(process: subprocess.Popen[bytes], *, timeout: float = 10) -> None:
+    """Ask `process` to stop; kill it if it has not within `timeout` seconds."""
+    process.terminate()
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

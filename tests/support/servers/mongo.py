@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 import os
 import shutil
-import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +23,7 @@ import pytest
 from pymongo import AsyncMongoClient, MongoClient
 from pymongo.errors import PyMongoError
 
-from support.servers import free_port, skip_if_opted_out, wait_until
+from support.servers import free_port, skip_if_opted_out, start_server, stop_server, wait_until
 
 __all__ = ['Driver', 'MongoServer', 'Scratch', 'mongo_server']
 
@@ -115,18 +114,8 @@ def mongo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MongoServ
         *('--host', '127.0.0.1', '--port', str(port), '--storage-path', str(root / 'data')),
         *('--log-level', 'WARNING'),
     ]
-    with log_path.open('wb') as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_until(lambda: process.poll() is not None or _answers_ping(uri), timeout=60, what='SecantusDB')
-            if process.poll() is not None:
-                output = log_path.read_text(errors='replace')
-                raise RuntimeError(f'secantusd-py exited with status {process.returncode}: {output}')
-            yield MongoServer(uri=uri)
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    process = start_server(command, log_path=log_path, ready=lambda: _answers_ping(uri), what='SecantusDB', timeout=60)
+    try:
+        yield MongoServer(uri=uri)
+    finally:
+        stop_server(process)

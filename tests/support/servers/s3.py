@@ -11,17 +11,17 @@ import hashlib
 import os
 import shutil
 import socket
-import subprocess
 import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import httpx2
 import pytest
 
 from step_persistence.media.sigv4 import Credentials, encode_path, sign
-from support.servers import free_port, skip_if_opted_out, wait_until
+from support.servers import free_port, skip_if_opted_out, start_server, stop_server
 
 __all__ = ['S3Server', 's3_server']
 
@@ -101,23 +101,12 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
         *('--data-dir', str(data_dir), '--host', '127.0.0.1', '--port', str(port), '--region', server.region),
         *('--log-level', 'warning', '--no-access-log'),
     ]
-    with log_path.open('wb') as log:
-        process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_until(
-                lambda: process.poll() is not None or _accepts_connections(port), timeout=30, what='nanio S3 server'
-            )
-            if process.poll() is not None:
-                output = log_path.read_text(errors='replace')
-                raise RuntimeError(f'nanio exited with status {process.returncode}: {output}')
-            created = server.request('PUT', f'/{server.bucket}')
-            if created.status_code != 200:
-                raise RuntimeError(f'creating bucket {server.bucket} failed: HTTP {created.status_code} {created.text}')
-            yield server
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    ready = partial(_accepts_connections, port)
+    process = start_server(command, log_path=log_path, ready=ready, what='nanio S3 server', timeout=30, env=environment)
+    try:
+        created = server.request('PUT', f'/{server.bucket}')
+        if created.status_code != 200:
+            raise RuntimeError(f'creating bucket {server.bucket} failed: HTTP {created.status_code} {created.text}')
+        yield server
+    finally:
+        stop_server(process)
