@@ -7,9 +7,12 @@ of its URL; the token is asked for; Ctrl-C stops the server cleanly.
 from __future__ import annotations
 
 import http.client
+import os
 import select
+import shlex
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +24,7 @@ from pydantic_ai import Agent
 from step_persistence import PostgresStepStore, StepPersistence, from_spec
 from support.console_script import SCRIPT, cli
 from support.scripted import calls, scripted, text
+from support.servers import wait_until
 from support.servers.postgres import PostgresServer
 
 pytestmark = pytest.mark.anyio
@@ -59,10 +63,14 @@ def test_a_store_that_does_not_exist_is_refused_and_not_created(tmp_path: Path) 
 
 
 @contextmanager
-def served(*args: str) -> Iterator[tuple[str, subprocess.Popen[str]]]:
-    """`step-persistence serve ARGS --port 0` running; yields the address it printed and the process."""
+def served(*args: str, env: dict[str, str] | None = None) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """`step-persistence serve ARGS --port 0` running; yields the line it printed and the process."""
     process = subprocess.Popen(
-        [str(SCRIPT), 'serve', '--port', '0', *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [str(SCRIPT), 'serve', '--port', '0', *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=None if env is None else {**os.environ, **env},
     )
     assert process.stdout is not None
     try:
@@ -126,6 +134,18 @@ async def test_serve_asks_for_its_token_then_serves_the_store_until_ctrl_c(tmp_p
         process.send_signal(signal.SIGINT)
         assert process.wait(30) == 0
     assert process.stderr is not None and 'Traceback' not in process.stderr.read()
+
+
+async def test_open_starts_the_browser_on_the_address_once_it_listens(tmp_path: Path) -> None:
+    url = f'sqlite:///{tmp_path / "runs.db"}'
+    await _write_runs(url)
+    opened = tmp_path / 'opened.txt'
+    record = f'import sys; open({str(opened)!r}, "w").write(sys.argv[1])'
+    browser = f'{shlex.quote(sys.executable)} -c {shlex.quote(record)} %s'  # webbrowser runs $BROWSER
+    with served('--store', url, '--open', env={'BROWSER': browser}) as (line, _):
+        address = line.split(' at ', 1)[1].split()[0]
+        wait_until(lambda: opened.exists() and opened.read_text() == address, timeout=30, what='the browser')
+        assert 'served-run' in page(address, '/')
 
 
 async def test_no_page_shows_the_password_of_the_store_url(postgres_server: PostgresServer) -> None:
