@@ -31,6 +31,7 @@ if TYPE_CHECKING:
         RunStatus,
         SnapshotState,
         StepEvent,
+        TokenUsage,
         ToolEffectRecord,
         ToolEffectStatus,
     )
@@ -64,6 +65,7 @@ _MODULES: dict[str, str] = {
     'RunStatus': 'step_persistence.records',
     'SnapshotState': 'step_persistence.records',
     'StepEvent': 'step_persistence.records',
+    'TokenUsage': 'step_persistence.records',
     'ToolEffectRecord': 'step_persistence.records',
     'ToolEffectStatus': 'step_persistence.records',
     'from_spec': 'step_persistence.spec',
@@ -100,6 +102,7 @@ __all__ = [
     'StepEvent',
     'StepPersistence',
     'StepStore',
+    'TokenUsage',
     'ToolEffectRecord',
     'ToolEffectStatus',
     'annotate_tool_effect',

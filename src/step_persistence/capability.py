@@ -31,16 +31,19 @@ from pydantic_ai.messages import (
     ToolReturn,
     ToolReturnPart,
 )
-from pydantic_ai.models import ModelRequestContext
+from pydantic_ai.models import Model, ModelRequestContext, StreamedResponse
 from pydantic_ai.result import FinalResult
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
+from pydantic_core import ValidationError
 from pydantic_graph import End
 
 from step_persistence._active import ACTIVE_RUN, ActiveRun
 from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence._lru import BoundedLru
+from step_persistence._reading import logger
+from step_persistence._stream_watch import StreamWatch
 from step_persistence._urls import redact_url
 from step_persistence.helpers import unanswered_tool_call_ids
 from step_persistence.origins import find_origin
@@ -52,6 +55,7 @@ from step_persistence.records import (
     SnapshotState,
     StepEvent,
     StepWrites,
+    TokenUsage,
     ToolEffectRecord,
     utc_now,
 )
@@ -110,6 +114,11 @@ class _RunState:
     """Whether the run's terminal event is queued; nothing is queued after it."""
     open_request: int | None = None
     """The step of the model request started and not yet ended (events), if any."""
+    stream: StreamedResponse | None = None
+    """The stream the open model request is answered on, once its model opened one (`StreamWatch`).
+
+    `run_stream` runs the function calls of its final response before it hands the response back, so
+    the request's ending event, queued before those calls start, reads the response here."""
     pending_request: ModelRequest | None = None
     """The request a settled tool cycle will send next, until the next model request puts it in the history.
 
@@ -241,6 +250,24 @@ def _cut_short(response: ModelResponse) -> str | None:
     if response.state in ('incomplete', 'interrupted'):
         return f'the response stream stopped before the response was complete (state {response.state!r})'
     return None
+
+
+def _token_usage(response: ModelResponse) -> TokenUsage | None:
+    """The tokens `response` reported; `None` if it reported none (pydantic-ai's `unmeasured_requests`) or counts
+    no record holds (a negative one, say: logged), which never fails the run."""
+    usage = response.usage
+    if usage.unmeasured_requests:
+        return None
+    try:
+        return TokenUsage(
+            input_tokens=usage.input_tokens,
+            output_tokens=usage.output_tokens,
+            cache_read_tokens=usage.cache_read_tokens,
+            cache_write_tokens=usage.cache_write_tokens,
+        )
+    except ValidationError as error:
+        logger.warning('recording a model response without its usage, which no record holds: %s', error)
+        return None
 
 
 _FINAL_RESULT_PROCESSED = 'Final result processed.'
@@ -420,10 +447,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         key: str,
         tool: ToolEffectRecord | None = None,
         error: BaseException | str | None = None,
+        response: ModelResponse | None = None,
     ) -> None:
+        """Queue an event; `response` (on the event ending a model request) gives its model name and usage."""
         run = self._run
         if run.ended:
             return
+        model_name = None if response is None else response.model_name
         run.pending.events.append(
             StepEvent(
                 run_id=run.run_id,
@@ -437,6 +467,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 error=error if error is None or isinstance(error, str) else repr(error),
                 metadata=dict(self.metadata),
                 idempotency_key=key,
+                model_name=model_name if isinstance(model_name, str) else None,
+                usage=None if response is None else _token_usage(response),
             )
         )
 
@@ -476,19 +508,26 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         )
         run.last_snapshot = history.messages
 
-    def _end_model_request(self, error: BaseException | str | None) -> None:
-        """Queue the ending event of the model request in flight, if one is: it ends exactly once."""
+    def _end_model_request(self, error: BaseException | str | None, response: ModelResponse | None = None) -> None:
+        """Queue the ending event of the model request in flight, if one is: it ends exactly once.
+
+        `response` is the one pydantic-ai handed back; a request that completes before that (the final
+        response of `run_stream`, whose calls run first) takes it from its stream.
+        """
         run = self._run
         step = run.open_request
         if step is None:
             return
         run.open_request = None
+        stream, run.stream = run.stream, None
+        if response is None and error is None and stream is not None:
+            response = stream.get()
         if error is None:
-            self._queue_event('model_request_completed', step_index=step, key=run.key('model', step, 'completed'))
+            key = run.key('model', step, 'completed')
+            self._queue_event('model_request_completed', step_index=step, key=key, response=response)
         else:
-            self._queue_event(
-                'model_request_failed', step_index=step, key=run.key('model', step, 'failed'), error=error
-            )
+            key = run.key('model', step, 'failed')
+            self._queue_event('model_request_failed', step_index=step, key=key, error=error, response=response)
 
     # --- run lifecycle ---
 
@@ -726,7 +765,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         run = self._observe(ctx)
         step = ctx.run_step
         self._end_model_request(None)
-        run.open_request = step
+        run.open_request, run.stream = step, None
         self._queue_tool_cycle(ctx.messages)
         self._queue_event('model_request_started', step_index=step, key=run.key('model', step, 'started'))
         if self.capture_frontier:
@@ -739,10 +778,21 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             await self._flush(ctx)
             raise
         if run.open_request == step:
-            self._end_model_request(_cut_short(response))
+            self._end_model_request(_cut_short(response), response)
             if self.capture_frontier:
                 self._queue_snapshot([*ctx.messages, response], step_index=step, reason='after_response')
         return response
+
+    def get_wrapper_model(self, model: Model) -> Model | None:
+        """`model`, watched for the streams the run's requests open (`_RunState.stream`); unwrapped outside a run."""
+        run = self._state
+        if run is None:
+            return None
+
+        def watch(stream: StreamedResponse) -> None:
+            run.stream = stream
+
+        return StreamWatch(model, watch)
 
     def _queue_tool_cycle(self, live: Sequence[ModelMessage]) -> None:
         """Queue the snapshot of the settled tool cycle, now that its request is in the history and stamped."""

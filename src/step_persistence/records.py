@@ -35,6 +35,7 @@ __all__ = [
     'SnapshotRef',
     'SnapshotState',
     'StepEvent',
+    'TokenUsage',
     'ToolEffectRecord',
     'ToolEffectStatus',
     'require_utc',
@@ -166,6 +167,27 @@ class ConversationSummary(_Record):
     """The newest run (latest `started_at`, ties in registration order): where the next turn continues."""
 
 
+TOKEN_COUNT_MAX = 2**63 - 1
+"""The largest token count a record holds: what every backend stores as a number (a SQL `BIGINT`, a BSON int64)."""
+
+TokenCount = Annotated[int, Field(ge=0, le=TOKEN_COUNT_MAX, strict=True)]
+"""A number of tokens: an `int` (not a `bool`, float or numeric string) from 0 to `TOKEN_COUNT_MAX`."""
+
+
+class TokenUsage(_Record):
+    """The tokens one model response used, as the model reported them (pydantic-ai's `RequestUsage`).
+
+    `input_tokens` includes the cached ones (`cache_read_tokens`, `cache_write_tokens`), as in pydantic-ai.
+    """
+
+    input_tokens: TokenCount
+    output_tokens: TokenCount
+    cache_read_tokens: TokenCount
+    """Input tokens read from the provider's prompt cache."""
+    cache_write_tokens: TokenCount
+    """Input tokens written to the provider's prompt cache."""
+
+
 class StepEvent(_Record):
     """One append-only entry of a run's event log."""
 
@@ -183,6 +205,11 @@ class StepEvent(_Record):
     metadata: Metadata = Field(default_factory=dict)
     idempotency_key: str | None = None
     """When set, a second event of the same run with this exact key is not written."""
+    model_name: Annotated[str | None, Field(strict=True)] = None
+    """The model that answered (`ModelResponse.model_name`), on the event ending a model request that got a response."""
+    usage: TokenUsage | None = None
+    """The tokens of that response (`ModelResponse.usage`), on the event ending a model request that got one
+    (`model_request_completed`, or `model_request_failed` for a response cut short); `None` on every other event."""
 
 
 class ContinuableSnapshot(_NamesMessages):

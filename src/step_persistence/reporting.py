@@ -41,6 +41,11 @@ class RunSummary:
     snapshots: int
     """Retained snapshots of any state."""
     latest_snapshot_state: SnapshotState | None
+    input_tokens: int
+    """Sum of `StepEvent.usage.input_tokens` over the run's events (0 when none has usage); cached ones included."""
+    output_tokens: int
+    cache_read_tokens: int
+    cache_write_tokens: int
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,7 @@ async def summarize_run(
     unresolved = await store.list_unresolved_tool_effects(run_id=record.run_id)
     snapshots = await store.list_snapshots(run_id=record.run_id, include_interrupted=True)
     ended_at = next((event.timestamp for event in reversed(events) if event.kind in _TERMINAL_KINDS), None)
+    usages = [event.usage for event in events if event.usage is not None]
     return RunSummary(
         run_id=record.run_id,
         agent_name=record.agent_name,
@@ -96,6 +102,10 @@ async def summarize_run(
         unresolved_effects=len(unresolved),
         snapshots=len(snapshots),
         latest_snapshot_state=snapshots[-1].state if snapshots else None,
+        input_tokens=sum(usage.input_tokens for usage in usages),
+        output_tokens=sum(usage.output_tokens for usage in usages),
+        cache_read_tokens=sum(usage.cache_read_tokens for usage in usages),
+        cache_write_tokens=sum(usage.cache_write_tokens for usage in usages),
     )
 
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from step_persistence import ContinuableSnapshot, FileStepStore, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence import ContinuableSnapshot, FileStepStore, RunRecord, StepEvent, TokenUsage, ToolEffectRecord
 from step_persistence.testing.conformance import sample_history
 from support.reliability_helpers import write_sentinel
 
@@ -42,14 +42,20 @@ HOSTILE: list[Any] = [
 """Values none of the store's fields holds as written (`REMOVED`: the field is left out)."""
 
 
+USAGE = TokenUsage(input_tokens=10, output_tokens=2, cache_read_tokens=0, cache_write_tokens=0)
+"""The usage of the victim's model request (line 1 of its `events.jsonl`)."""
+
+
 def hostile_id(value: Any) -> str:
     return 'removed' if value is REMOVED else repr(value)[:20]
 
 
 async def write_victim(store: FileStepStore) -> None:
     await store.register_run(RunRecord(run_id='victim', agent_name='a', metadata={'role': 'victim'}))
-    for step, kind in enumerate(('run_started', 'model_request_started', 'run_completed')):
-        await store.append_event(StepEvent(run_id='victim', kind=kind, step_index=step, metadata={'n': str(step)}))
+    for step, kind in enumerate(('run_started', 'model_request_completed', 'run_completed')):
+        answered = {'model_name': 'm', 'usage': USAGE} if kind == 'model_request_completed' else {}
+        event = StepEvent(run_id='victim', kind=kind, step_index=step, metadata={'n': str(step)}, **answered)
+        await store.append_event(event)
     for step in (1, 2, 3):
         state = 'interrupted' if step == 2 else 'complete'
         messages = sample_history(step, tag='victim')
@@ -108,7 +114,18 @@ WRAPPED_RUN_FIELDS = [
     ('run',),
     ('registered_ns',),
 ]
-EVENT_FIELDS = [('run_id',), ('kind',), ('step_index',), ('timestamp',), ('idempotency_key',), ('metadata',)]
+EVENT_FIELDS = [
+    ('run_id',),
+    ('kind',),
+    ('step_index',),
+    ('timestamp',),
+    ('idempotency_key',),
+    ('metadata',),
+    ('model_name',),
+    ('usage',),
+    ('usage', 'input_tokens'),
+    ('usage', 'cache_write_tokens'),
+]
 EFFECT_FIELDS = [('run_id',), ('tool_call_id',), ('tool_name',), ('status',), ('started_at',), ('ended_at',)]
 JOURNAL_FIELDS = [('seq',), ('state',), ('idempotency_key',), ('retain',), ('step_index',)]
 SNAPSHOT_FIELDS = [

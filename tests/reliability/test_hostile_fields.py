@@ -149,7 +149,15 @@ FIELDS: dict[str, Write] = {
     **{f'run.{name}': _bound(_run_field, name) for name in ('conversation_id', 'parent_run_id', 'agent_name')},
     **{
         f'event.{name}': _bound(_event_field, name)
-        for name in ('tool_call_id', 'tool_name', 'error', 'idempotency_key', 'conversation_id', 'agent_name')
+        for name in (
+            'tool_call_id',
+            'tool_name',
+            'error',
+            'idempotency_key',
+            'conversation_id',
+            'agent_name',
+            'model_name',
+        )
     },
     **{
         f'effect.{name}': _bound(_effect_field, name)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
-from step_persistence import ContinuableSnapshot, MongoStepStore, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence import ContinuableSnapshot, MongoStepStore, RunRecord, StepEvent, TokenUsage, ToolEffectRecord
 from step_persistence.testing.conformance import sample_history
 from support.reliability_helpers import write_sentinel
 from support.servers.mongo import MongoServer, Scratch
@@ -87,7 +87,15 @@ FIELDS: dict[str, tuple[dict[str, Any], list[str]]] = {
     # message 7 is the last of snapshot 3 only; message 5 holds an image (externalized)
     'messages': ({'run_id': 'victim', 'no': 7}, ['run_id', 'no', 'position', 'digest', 'body', 'externalized']),
     'messages@5': ({'run_id': 'victim', 'no': 5}, ['body', 'externalized', 'stored_digest']),
+    # listed last, so the fields above keep the hostile values they are tried with
+    'events@2': (
+        {'run_id': 'victim', 'seq': 2},
+        ['model_name', 'usage', 'usage.input_tokens', 'usage.cache_write_tokens'],
+    ),
 }
+
+USAGE = TokenUsage(input_tokens=10, output_tokens=2, cache_read_tokens=0, cache_write_tokens=0)
+"""The usage of the victim's model request (event `seq` 2)."""
 
 NULLABLE = {
     'conversation_id',
@@ -100,6 +108,8 @@ NULLABLE = {
     'effect_summary',
     'ended_at',
     'ended_at_us',
+    'model_name',
+    'usage',
 }
 """Fields for which `None` (or no field) is a value the store writes: a record read back may then differ."""
 
@@ -126,8 +136,10 @@ def dump(messages: list[ModelMessage]) -> bytes:
 
 async def write_victim(store: MongoStepStore) -> None:
     await store.register_run(RunRecord(run_id='victim', conversation_id='c', agent_name='a', metadata={'r': 'v'}))
-    for step, kind in enumerate(('run_started', 'model_request_started', 'run_completed')):
-        await store.append_event(StepEvent(run_id='victim', kind=kind, step_index=step, metadata={'n': str(step)}))
+    for step, kind in enumerate(('run_started', 'model_request_completed', 'run_completed')):
+        answered = {'model_name': 'm', 'usage': USAGE} if kind == 'model_request_completed' else {}
+        event = StepEvent(run_id='victim', kind=kind, step_index=step, metadata={'n': str(step)}, **answered)
+        await store.append_event(event)
     for step in (1, 2, 3):
         state = 'interrupted' if step == 2 else 'complete'
         messages = sample_history(step, tag='victim')

@@ -23,18 +23,22 @@ from step_persistence import (
     RunRecord,
     SqlStepStore,
     StepEvent,
+    TokenUsage,
     ToolEffectRecord,
     from_spec,
 )
 from step_persistence._history import encode_messages
 from step_persistence.media import SqlMediaStore
 from step_persistence.records import ConversationSummary, RunOrigin, SnapshotRef
+from step_persistence.reporting import summarize_runs
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MessageMedia
 from step_persistence.stores._positions import RunHead, plan_saves
 from step_persistence.stores.sql import TABLE_NAMES, VERSION_TABLE, Base, include_name
 from step_persistence.stores.sql.database import Database
+from step_persistence.stores.sql.database_store import HEAD_REVISION
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.migrate import downgrade, upgrade
+from step_persistence.stores.sql.reporting import read_report
 from step_persistence.stores.sql.schema import (
     events,
     history_lines,
@@ -90,7 +94,7 @@ async def test_alembic_upgrade_head_and_downgrade_base(empty_database: EmptyData
     alembic('-x', f'url={plain(empty_database.url)}', 'upgrade', 'head')
     assert await empty_database.table_names() == TABLE_NAMES | {VERSION_TABLE}
     assert await empty_database.view_names() == REPORTING_VIEWS
-    assert await scalar(empty_database.url, text(f'SELECT version_num FROM {VERSION_TABLE}')) == '0005'
+    assert await scalar(empty_database.url, text(f'SELECT version_num FROM {VERSION_TABLE}')) == HEAD_REVISION
 
     alembic('downgrade', 'base', env={'STEP_PERSISTENCE_DATABASE_URL': plain(empty_database.url)})
     assert await empty_database.table_names() == {VERSION_TABLE}
@@ -387,11 +391,17 @@ async def _write_0004_database(url: str) -> None:
             await connection.execute(OLD_SNAPSHOTS.insert(), snapshot_rows)
             await connection.execute(snapshot_keys.insert().values(run_id='alpha', idempotency_key='sk-1'))
             for event_ in OLD_EVENTS:
-                await connection.execute(events.insert().values(**event_.model_dump()))
+                await connection.execute(events.insert().values(**_as_written_before_0006(event_)))
             for effect in OLD_EFFECTS:
                 await connection.execute(tool_effects.insert().values(**effect.model_dump()))
     finally:
         await engine.dispose()
+
+
+def _as_written_before_0006(event: StepEvent) -> dict[str, Any]:
+    """The `events` row of an event without usage, in the columns the tables had before revision 0006."""
+    assert event.model_name is None and event.usage is None
+    return event.model_dump(exclude={'model_name', 'usage'})
 
 
 def _header(snapshot: ContinuableSnapshot) -> dict[str, Any]:
@@ -530,3 +540,72 @@ async def test_a_database_downgraded_to_0004_reads_back_each_run_on_its_own(empt
             assert [dump(s.messages) for s in await store.list_snapshots(run_id=run_id, include_interrupted=True)] == [
                 dump(s.messages) for s in snapshots_of_run
             ]
+
+
+# --- revision 0006: token usage on events, totals in run_summary ---
+
+USAGE = TokenUsage(input_tokens=120, output_tokens=30, cache_read_tokens=100, cache_write_tokens=4)
+TOTALS = ('input_tokens', 'output_tokens', 'cache_read_tokens', 'cache_write_tokens')
+
+
+async def _view_columns(url: str) -> list[str]:
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            return list((await connection.execute(text('SELECT * FROM run_summary'))).keys())
+    finally:
+        await engine.dispose()
+
+
+async def test_events_written_at_0005_read_back_without_usage_and_the_totals_come_with_0006(
+    empty_database: EmptyDatabase,
+) -> None:
+    url = empty_database.url
+    database = Database.from_url(url)
+    try:
+        await upgrade(database, '0005')
+    finally:
+        await database.aclose()
+    old_events = [
+        StepEvent(run_id='old', kind='run_started', step_index=0, timestamp=T0),
+        StepEvent(run_id='old', kind='model_request_started', step_index=1, timestamp=T0),
+        StepEvent(run_id='old', kind='model_request_completed', step_index=1, timestamp=T0, idempotency_key='m1'),
+    ]
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as connection:  # as the code of 0005 wrote them
+            await connection.execute(runs.insert().values(run_id='old', metadata={}, started_at=T0))
+            for event in old_events:
+                await connection.execute(events.insert().values(**_as_written_before_0006(event)))
+    finally:
+        await engine.dispose()
+    at_0005 = await _view_columns(url)
+    assert not set(TOTALS) & set(at_0005)
+
+    new = StepEvent(run_id='old', kind='model_request_completed', step_index=2, model_name='m', usage=USAGE)
+    async with SqlStepStore(url) as store:
+        await store.migrate()
+        assert await store.list_events(run_id='old') == old_events
+        [summary], _ = await read_report(store)
+        assert [getattr(summary, name) for name in TOTALS] == [0, 0, 0, 0]
+        assert summary.model_requests == 1
+        await store.append_event(new)
+        assert (await store.list_events(run_id='old'))[-1] == new
+        expected = await summarize_runs(store)
+        assert await read_report(store) == (expected, [])
+        assert [getattr(expected[0], name) for name in TOTALS] == [120, 30, 100, 4]
+    assert await _view_columns(url) == [*at_0005, *TOTALS], 'the totals come after the columns of 0003'
+
+    database = Database.from_url(url)
+    try:
+        await downgrade(database, '0005')
+    finally:
+        await database.aclose()
+    assert await _view_columns(url) == at_0005
+    assert await empty_database.view_names() == REPORTING_VIEWS
+    async with SqlStepStore(url) as store:
+        await store.migrate()  # upgrades again: the usage went with its columns, the event stays
+        without_usage = new.model_copy(update={'model_name': None, 'usage': None})
+        assert await store.list_events(run_id='old') == [*old_events, without_usage]
+        [summary], _ = await read_report(store)
+        assert [getattr(summary, name) for name in TOTALS] == [0, 0, 0, 0]

@@ -8,7 +8,9 @@
   last; step indexes never go backwards; every model request and tool call that started has exactly
   one ending event, at its own step, before the terminal one (a call whose completion the run's
   failure discarded gets one `tool_call_failed` correction after its `tool_call_completed`, which
-  is then its final status); model requests do not overlap;
+  is then its final status); model requests do not overlap; every `model_request_completed` carries
+  the model's name and usage (the scripted models report both), and no event but one ending a model
+  request carries either;
 - lineage and metadata: every event carries the run record's conversation, parent, agent name and
   metadata;
 - ledger: every call with events has its record, with the final status of its events and `ended_at`
@@ -160,6 +162,10 @@ def _check_events(audit: Audit, *, ended_in_process: bool) -> dict[str, str]:
         final[call_id] = 'completed' if ends[-1].kind == 'tool_call_completed' else 'failed'
 
     for event in events:
+        if event.kind == 'model_request_completed' and (event.model_name is None or event.usage is None):
+            problems.append(f'model_request_completed at step {event.step_index} without its model name or usage')
+        if event.kind not in _MODEL_ENDINGS and (event.model_name is not None or event.usage is not None):
+            problems.append(f'{event.kind} at step {event.step_index} carries a model name or usage')
         lineage = (event.run_id, event.conversation_id, event.parent_run_id, event.agent_name, event.metadata)
         expected = (run.run_id, run.conversation_id, run.parent_run_id, run.agent_name, run.metadata)
         if lineage != expected:

@@ -158,14 +158,21 @@ def _stored_as_is(model: type[BaseModel], *special: str) -> tuple[str, ...]:
     return tuple(name for name in model.model_fields if name not in special)
 
 
-_EVENT_FIELDS = _stored_as_is(StepEvent, 'run_id', 'timestamp', 'metadata')
+_EVENT_FIELDS = _stored_as_is(StepEvent, 'run_id', 'timestamp', 'metadata', 'model_name', 'usage')
 
 
 def event_document(event: StepEvent, *, seq: int) -> dict[str, Any]:
-    """The `events` document of the run's `seq`-th event."""
+    """The `events` document of the run's `seq`-th event.
+
+    `model_name` and `usage` (an embedded document of its four counts) are left out when null, as in
+    every event written before they existed.
+    """
     document: dict[str, Any] = {'run_id': event.run_id, 'seq': seq}
     document.update({name: getattr(event, name) for name in _EVENT_FIELDS})
     document['metadata'] = _metadata_document(event.metadata)
+    _optional(document, model_name=event.model_name)
+    if event.usage is not None:
+        document['usage'] = event.usage.model_dump()
     return with_time(document, 'timestamp', event.timestamp)
 
 
@@ -178,6 +185,8 @@ def event_from_document(document: Mapping[str, Any]) -> StepEvent:
             **{name: document.get(name) for name in _EVENT_FIELDS},
             'metadata': _metadata(document),
             'timestamp': _time(document, 'timestamp'),
+            'model_name': document.get('model_name'),
+            'usage': document.get('usage'),
         },
         strict=True,
     )

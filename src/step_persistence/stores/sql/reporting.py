@@ -1,17 +1,18 @@
 """The reporting views of a SQL store (`run_summary`, `tool_call_stats`), to query and to read.
 
-Migration 0003 creates the views (see docs/reporting.md). `run_summary` and `tool_call_stats`
-(declared in `schema.py`) describe them as SQLAlchemy tables with the column types of the store's tables, for
-queries of your own (`select(run_summary).where(run_summary.c.status == 'failed')`); they belong
+Migration 0003 creates the views, 0006 today's `run_summary` (see docs/reporting.md). `run_summary` and
+`tool_call_stats` (declared in `schema.py`) describe them as SQLAlchemy tables with the column types of the
+store's tables, for queries of your own (`select(run_summary).where(run_summary.c.status == 'failed')`); they belong
 to `VIEWS`, a metadata of their own, so the schema's `Base.metadata` (what the migrations and
 `create_all` deal with) does not contain them. `read_report` reads every run's `RunSummary` and
 every tool's `ToolStats` from the views in one transaction: the figures `step_persistence.reporting`
 computes through the protocol, in two queries instead of several reads per run.
 
 Damaged rows (values set behind the store's back) are skipped and logged like in every other read:
-a view row whose instant, run id or tool name cannot be read is left out. When the database
-cannot compute the views at all over a damaged value (PostgreSQL refuses to subtract an infinite
-timestamp), the figures are computed through the protocol instead, which skips the damaged rows.
+a view row whose instant, run id, token total or tool name cannot be read is left out. When the
+database cannot compute the views at all, over a damaged value (PostgreSQL refuses to subtract an
+infinite timestamp) or for a token total beyond 64 bits (every count fits, their sum need not), the
+figures are computed through the protocol instead, which skips the damaged rows.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ async def read_report(store: SqlStepStore) -> tuple[list[RunSummary], list[ToolS
     try:
         summary_rows, stats_rows = await database.run(read, write=False)
     except DBAPIError as error:
-        if not is_data_exception(error):
+        if not (is_data_exception(error) or _SQLITE_OVERFLOW in str(error.orig)):
             raise
         logger.warning('the reporting views cannot be computed over a damaged value (%r): reading run by run', error)
         return await summarize_runs(store), await tool_stats(store)
@@ -58,6 +59,11 @@ async def read_report(store: SqlStepStore) -> tuple[list[RunSummary], list[ToolS
     summaries = read_each(summary_rows, lambda row: f'summary of run {row.run_id!r}', _run_summary)
     return summaries, sorted(stats, key=lambda row: row.tool_name)
 
+
+_SQLITE_OVERFLOW = 'integer overflow'
+"""What SQLite's `SUM` raises past 64 bits (PostgreSQL: a data exception, casting the total to `BIGINT`)."""
+
+_TOTALS = ('input_tokens', 'output_tokens', 'cache_read_tokens', 'cache_write_tokens')
 
 _SUMMARIES = (
     select(*(readable(column) for column in run_summary.columns))
@@ -72,6 +78,9 @@ def _run_summary(row: Any) -> RunSummary:
     require_readable(values, ('started_at', 'ended_at'))
     if not isinstance(values['run_id'], str) or not isinstance(values['started_at'], datetime):
         raise ValueError(f'malformed run id {values["run_id"]!r} or start {values["started_at"]!r}')
+    for name in _TOTALS:
+        if isinstance(values[name], bool) or not isinstance(values[name], int):
+            raise ValueError(f'malformed {name} total {values[name]!r}')
     return RunSummary(**values)
 
 

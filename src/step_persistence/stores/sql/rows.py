@@ -19,7 +19,7 @@ from sqlalchemy.sql import Select
 from sqlalchemy.sql.elements import ColumnElement
 
 from step_persistence._reading import logger
-from step_persistence.records import ContinuableSnapshot, RunOrigin, RunRecord, StepEvent, ToolEffectRecord
+from step_persistence.records import ContinuableSnapshot, RunOrigin, RunRecord, StepEvent, TokenUsage, ToolEffectRecord
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
 from step_persistence.stores.sql.types import DateTimeUTC, EpochInstant, JSONText, Tolerant, Unreadable
@@ -121,7 +121,15 @@ EVENT_FIELDS = (
     'error',
     'metadata',
     'idempotency_key',
+    'model_name',
+    'input_tokens',
+    'output_tokens',
+    'cache_read_tokens',
+    'cache_write_tokens',
 )
+"""The `events` columns an event is stored in: its fields, its `usage` spread over `_USAGE_COLUMNS`."""
+_USAGE_COLUMNS = tuple(TokenUsage.model_fields)
+"""The columns of `StepEvent.usage`, named as its fields: all `NULL` (no usage) or none."""
 _SNAPSHOT_FIELDS = (
     'run_id',
     'seq',
@@ -277,13 +285,22 @@ def run_from_row(row: Mapping[str, Any]) -> RunRecord:
 
 
 def event_values(event: StepEvent) -> dict[str, Any]:
-    """The parameters of `WriteStatements.append_event`: the event's fields, its run as `run`."""
-    return {RUN_KEY if name == 'run_id' else name: getattr(event, name) for name in EVENT_FIELDS}
+    """The parameters of `WriteStatements.append_event`: the event's columns, its run as `run`."""
+    usage = {} if event.usage is None else event.usage.model_dump()
+    return {
+        RUN_KEY if name == 'run_id' else name: usage.get(name) if name in _USAGE_COLUMNS else getattr(event, name)
+        for name in EVENT_FIELDS
+    }
 
 
 def event_from_row(row: Mapping[str, Any]) -> StepEvent:
+    """The event of an `events` row (read with `EVENT_COLUMNS`); a usage stored in part is damage."""
     require_readable(row, EVENT_FIELDS)
-    return StepEvent.model_validate({name: row[name] for name in EVENT_FIELDS})
+    fields: dict[str, Any] = {name: row[name] for name in EVENT_FIELDS if name not in _USAGE_COLUMNS}
+    usage = {name: row[name] for name in _USAGE_COLUMNS}
+    if any(value is not None for value in usage.values()):
+        fields['usage'] = usage
+    return StepEvent.model_validate(fields)
 
 
 def tool_effect_values(record: ToolEffectRecord) -> dict[str, Any]:

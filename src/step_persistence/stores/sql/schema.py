@@ -194,6 +194,13 @@ class Event(Base):
     error: Mapped[str | None] = mapped_column(Text)
     metadata_: Mapped[dict[str, str]] = mapped_column('metadata', JSON_DOCUMENT)
     idempotency_key: Mapped[str | None] = mapped_column(String)
+    model_name: Mapped[str | None] = mapped_column(String)
+    input_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    """`StepEvent.usage`, in four columns: all four `NULL` (an event without usage, or written before revision
+    0006) or none."""
+    output_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cache_read_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    cache_write_tokens: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class Message(Base):
@@ -308,7 +315,7 @@ tool_effects: Table = Base.metadata.tables['tool_effects']
 media: Table = Base.metadata.tables['media']
 
 VIEWS = MetaData()
-"""The reporting views, described as tables (never created from here: migration 0003 does), in a metadata of
+"""The reporting views, described as tables (never created from here: migrations 0003 and 0006 do), in a metadata of
 their own so that `Base.metadata` (what the migrations are compared with) holds the tables only."""
 
 run_summary = Table(
@@ -328,6 +335,10 @@ run_summary = Table(
     Column('unresolved_effects', Integer()),
     Column('snapshots', Integer()),
     Column('latest_snapshot_state', String()),
+    Column('input_tokens', BigInteger()),
+    Column('output_tokens', BigInteger()),
+    Column('cache_read_tokens', BigInteger()),
+    Column('cache_write_tokens', BigInteger()),
 )
 """The `run_summary` view: one row per run, the fields of `RunSummary`."""
 

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from step_persistence.protocol import StepStore
-from step_persistence.records import StepEvent
+from step_persistence.records import TOKEN_COUNT_MAX, StepEvent, TokenUsage
 from step_persistence.testing.conformance.shared import T0, ConformanceBase, _effect, _snapshot
 
 
@@ -34,7 +34,30 @@ class EventsConformance(ConformanceBase):
                 error="RuntimeError('boom')",
                 idempotency_key='k1',
             ),
-            StepEvent(run_id='ev', kind='run_completed', step_index=4, timestamp=T0),
+            StepEvent(
+                run_id='ev',
+                kind='model_request_completed',
+                step_index=4,
+                timestamp=T0,
+                model_name='gpt-5.2 \u00e9\n',
+                usage=TokenUsage(input_tokens=1200, output_tokens=0, cache_read_tokens=1024, cache_write_tokens=7),
+            ),
+            StepEvent(
+                run_id='ev',
+                kind='model_request_failed',
+                step_index=5,
+                timestamp=T0,
+                error='cut short',
+                model_name='',
+                usage=TokenUsage(
+                    input_tokens=TOKEN_COUNT_MAX,
+                    output_tokens=TOKEN_COUNT_MAX,
+                    cache_read_tokens=0,
+                    cache_write_tokens=0,
+                ),
+            ),
+            StepEvent(run_id='ev', kind='model_request_completed', step_index=6, timestamp=T0, model_name='unmetered'),
+            StepEvent(run_id='ev', kind='run_completed', step_index=6, timestamp=T0),
         ]
         for event in events:
             await store.append_event(event)
