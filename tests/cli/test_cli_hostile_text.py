@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, from_spec
+from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, TokenUsage, ToolEffectRecord, from_spec
 from step_persistence.records import RunOrigin
 from step_persistence.testing.conformance import sample_history
 from support.console_script import cli
@@ -28,6 +28,7 @@ ERROR = 'No such file: [/data/in.csv] \x1b]8;;https://example.invalid\x07here\x1
 SUMMARY = 'summary\x9b31m [red]not red[/red]'
 FORK = 'fork\x1b]8;;https://example.invalid\x07[b]'
 ELSEWHERE = '[bold]other\u202e'
+MODEL = 'model[/i]\x1b[2J'
 COMMANDS = [
     ['runs', 'list'],
     ['runs', 'show', 'run'],
@@ -42,12 +43,12 @@ COMMANDS = [
 FORK_SHOWN = 'fork\\x1b]8;;https://example.invalid\\x07[b]'
 ELSEWHERE_SHOWN = '[bold]other\\u202e'
 ALSO_SHOWN = {
-    ('runs', 'show', 'run'): [FORK_SHOWN],
+    ('runs', 'show', 'run'): [FORK_SHOWN, 'model[/i]\\x1b[2J'],
     ('runs', 'tree', 'run'): [FORK_SHOWN],
     ('conversations', 'list'): [ELSEWHERE_SHOWN, 'runs'],
     ('conversations', 'show', ELSEWHERE): [ELSEWHERE_SHOWN, FORK_SHOWN, 'in another conversation'],
 }
-"""Lineage a command prints besides the run: the fork (and its conversation), escaped."""
+"""Lineage (the fork and its conversation) and model names a command prints besides the run, escaped."""
 
 
 @pytest.fixture
@@ -55,6 +56,10 @@ async def store_url(tmp_path: Path) -> str:
     url = f'sqlite:///{tmp_path / "hostile.db"}'
     async with from_spec(url) as store:
         await store.register_run(RunRecord(run_id=RUN_ID, agent_name=AGENT, conversation_id=CONVERSATION))
+        usage = TokenUsage(input_tokens=12, output_tokens=3, cache_read_tokens=0, cache_write_tokens=0)
+        await store.append_event(
+            StepEvent(run_id=RUN_ID, kind='model_request_completed', step_index=1, model_name=MODEL, usage=usage)
+        )
         await store.append_event(
             StepEvent(run_id=RUN_ID, kind='tool_call_started', step_index=1, tool_call_id=CALL, tool_name=TOOL)
         )

@@ -170,11 +170,12 @@ _RUNS: _Columns[RunSummary] = _Columns(
         'agent': _Column('agent', lambda s: escape(s.agent_name or ''), no_wrap=False),
         'duration': _Column('duration', lambda s: _seconds(s.duration_seconds), justify='right'),
         'model': _Column('model', lambda s: str(s.model_requests), justify='right'),
+        'tokens': _Column('tokens in/out', lambda s: f'{s.input_tokens}/{s.output_tokens}', justify='right'),
         'tools': _Column('tools', lambda s: str(s.tool_calls), justify='right'),
         'failed': _Column('failed', lambda s: str(s.tool_failures), justify='right'),
         'unresolved': _Column('unresolved', lambda s: str(s.unresolved_effects), justify='right'),
     },
-    left_out_first=('duration', 'model', 'failed', 'tools', 'agent', 'unresolved', 'started'),
+    left_out_first=('tokens', 'duration', 'model', 'failed', 'tools', 'agent', 'unresolved', 'started'),
 )
 """The runs table; at a narrow terminal never without the run or its status."""
 
@@ -209,17 +210,38 @@ def conversations_table(console: Console, summaries: Sequence[ConversationSummar
     return _CONVERSATIONS.fitted(console, summaries, title='Conversations')
 
 
+def _tokens(event: StepEvent) -> str:
+    """The event's usage as `in/out`, the cached input tokens after it when there are any."""
+    usage = event.usage
+    if usage is None:
+        return ''
+    cached = [
+        f'{count} {what}'
+        for count, what in ((usage.cache_read_tokens, 'cache read'), (usage.cache_write_tokens, 'cache write'))
+        if count
+    ]
+    return f'{usage.input_tokens}/{usage.output_tokens}' + (f' ({", ".join(cached)})' if cached else '')
+
+
 def events_table(events: Sequence[StepEvent]) -> Table:
     table = _table('Events')
     table.add_column('time', no_wrap=True)
     table.add_column('step', justify='right')
     table.add_column('kind', no_wrap=True)
     table.add_column('tool', overflow='fold')
+    table.add_column('model', overflow='fold')
+    table.add_column('tokens in/out', justify='right')
     table.add_column('error', overflow='fold')
     for event in events:
         tool = '' if event.tool_name is None else f'{event.tool_name} ({event.tool_call_id})'
         table.add_row(
-            when(event.timestamp), str(event.step_index), escape(event.kind), escape(tool), escape(event.error or '')
+            when(event.timestamp),
+            str(event.step_index),
+            escape(event.kind),
+            escape(tool),
+            escape(event.model_name or ''),
+            _tokens(event),
+            escape(event.error or ''),
         )
     return _pinned(table)
 
