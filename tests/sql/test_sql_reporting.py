@@ -17,11 +17,13 @@ import pytest
 from sqlalchemy import select, text
 from sqlalchemy.ext.asyncio import create_async_engine
 
-from step_persistence import SqlStepStore, from_spec
+from step_persistence import RunRecord, SqlStepStore, StepEvent, TokenUsage, from_spec
 from step_persistence.cli._common import print_json
+from step_persistence.records import TOKEN_COUNT_MAX
 from step_persistence.reporting import summarize_runs, tool_stats
 from step_persistence.stores.sql.reporting import read_report, run_summary
 from support.console_script import cli
+from support.databases import EmptyDatabase
 from support.reporting_runs import ORCHESTRATOR_RUN, populate
 from support.servers.postgres import PostgresServer
 
@@ -146,3 +148,43 @@ async def test_report_prints_the_view_figures_as_the_python_ones(
         print_json({'runs': await summarize_runs(store), 'tools': await tool_stats(store)})
     expected = json.loads(capsys.readouterr().out)
     assert json.loads(cli('report', '--store', reported.store_url, '--json').stdout) == expected
+
+
+async def test_the_token_queries_of_the_docs_add_up_to_the_run_summaries(reported: ReportedDatabase) -> None:
+    async with from_spec(**reported.spec) as store:
+        summaries = await summarize_runs(store)
+    expected: Counter[tuple[str | None, str]] = Counter()
+    for summary in summaries:
+        expected[(summary.agent_name, 'input')] += summary.input_tokens
+        expected[(summary.agent_name, 'output')] += summary.output_tokens
+    per_agent = next(query for query in doc_queries() if 'cached_input_tokens' in query)
+    per_model = next(query for query in doc_queries() if 'e.model_name' in query)
+    engine = create_async_engine(reported.url)
+    try:
+        async with engine.connect() as connection:
+            agents = (await connection.execute(text(per_agent))).all()
+            models = (await connection.execute(text(per_model))).all()
+    finally:
+        await engine.dispose()
+    assert {(row.agent_name, 'input'): row.input_tokens for row in agents} | {
+        (row.agent_name, 'output'): row.output_tokens for row in agents
+    } == dict(expected)
+    assert expected[('orchestrator', 'input')] > 0, 'the agents reported usage'
+    by_model: Counter[tuple[str | None, str]] = Counter()
+    for row in models:
+        assert row.model_name and row.responses > 0
+        by_model[(row.agent_name, 'input')] += row.input_tokens
+        by_model[(row.agent_name, 'output')] += row.output_tokens
+    assert +by_model == +expected
+
+
+async def test_token_totals_beyond_64_bits_are_computed_through_the_protocol(empty_database: EmptyDatabase) -> None:
+    most = TokenUsage(input_tokens=TOKEN_COUNT_MAX, output_tokens=1, cache_read_tokens=0, cache_write_tokens=0)
+    async with SqlStepStore(empty_database.url) as store:
+        await store.register_run(RunRecord(run_id='huge'))
+        for step in (1, 2):
+            await store.append_event(
+                StepEvent(run_id='huge', kind='model_request_completed', step_index=step, model_name='m', usage=most)
+            )
+        [summary], _ = await read_report(store)
+    assert (summary.input_tokens, summary.output_tokens) == (2 * TOKEN_COUNT_MAX, 2)

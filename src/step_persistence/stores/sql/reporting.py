@@ -50,8 +50,10 @@ async def read_report(store: SqlStepStore) -> tuple[list[RunSummary], list[ToolS
 
     try:
         summary_rows, stats_rows = await database.run(read, write=False)
-    except DBAPIError as error:
-        if not (is_data_exception(error) or _SQLITE_OVERFLOW in str(error.orig)):
+    except (DBAPIError, ValueError) as error:
+        # `Database.run` raises PostgreSQL's out-of-range error as a `ValueError` caused by it.
+        cause = error if isinstance(error, DBAPIError) else error.__cause__
+        if not (isinstance(cause, DBAPIError) and (is_data_exception(cause) or _SQLITE_OVERFLOW in str(cause.orig))):
             raise
         logger.warning('the reporting views cannot be computed over a damaged value (%r): reading run by run', error)
         return await summarize_runs(store), await tool_stats(store)
