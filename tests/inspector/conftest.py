@@ -1,8 +1,10 @@
-"""Fixtures of the inspector's tests: one headless Chromium per test session, and the scenario served per backend.
+"""Fixtures of the inspector's tests: one headless Chromium for the browser tests, and the scenario served per backend.
 
 The browser is Debian's `/usr/bin/chromium` (`make chromium` installs it; Playwright's own
-download is never used), launched once per session (per xdist worker) and given a fresh context
-(cookies, storage) per test.
+download is never used), launched once for the module of browser tests (per xdist worker) and
+given a fresh context (cookies, storage) per test. Module-scoped, not session-scoped: while
+Playwright's sync API is started, asyncio sees an event loop running in this thread, so an async
+test run after it in the same worker could not start its own; the module's end stops it.
 """
 
 from __future__ import annotations
@@ -26,13 +28,13 @@ BROWSER_BACKENDS = ('sqlite', 'memory')
 pages are checked without a browser in test_inspector_backends.py."""
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope='module')
 def playwright() -> Iterator[Playwright]:
     with sync_playwright() as driver:
         yield driver
 
 
-@pytest.fixture(scope='session')
+@pytest.fixture(scope='module')
 def browser(playwright: Playwright) -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.fail(f'no Chromium at {CHROMIUM}: run `make chromium` (apt-get install chromium)')

@@ -11,6 +11,7 @@ import os
 import select
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -60,6 +61,15 @@ def test_a_store_that_does_not_exist_is_refused_and_not_created(tmp_path: Path) 
     refused = cli('serve', '--store', f'sqlite:///{store}', '--port', '0', expect=EXIT_UNREACHABLE)
     assert 'no SQLite database' in refused.stderr
     assert not store.exists()
+
+
+def test_a_port_in_use_is_said_before_the_store_is_read(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(('127.0.0.1', 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        refused = cli('serve', '--store', f'sqlite:///{tmp_path / "missing.db"}', '--port', str(port), expect=1)
+    assert f'cannot listen on 127.0.0.1:{port}' in refused.stderr
 
 
 @contextmanager

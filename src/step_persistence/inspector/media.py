@@ -16,7 +16,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ['INLINE_IMAGE_TYPES', 'Blob', 'blob_digest', 'blobs_in', 'find_blob', 'served_media_type']
+__all__ = [
+    'FALLBACK_MEDIA_TYPE',
+    'INLINE_IMAGE_TYPES',
+    'Blob',
+    'as_blob',
+    'blob_digest',
+    'blobs_in',
+    'find_blob',
+    'is_digest',
+    'served_media_type',
+]
 
 INLINE_IMAGE_TYPES = frozenset({'image/png', 'image/jpeg', 'image/gif', 'image/webp', 'image/avif', 'image/bmp'})
 """Media types a page shows in an `<img>`: raster formats, which carry no script (SVG does)."""
