@@ -101,8 +101,9 @@ async def test_pruning_never_deletes_a_snapshot_saved_after_it_looked(scratch: S
     await fast.register_run(RunRecord(run_id='run'))
     await fast.save_snapshot(keyed_snapshot('run', 'first', 'complete'))
     gate = asyncio.Event()
-    gated = GatedDeletes(slow._writer._snapshots, gate)
-    slow._writer._snapshots = gated  # type: ignore[assignment]
+    writer = slow._on_loop.get().writer  # what `slow` writes with on this loop
+    gated = GatedDeletes(writer._snapshots, gate)
+    writer._snapshots = gated  # type: ignore[assignment]
     # `slow` saves seq 2, reads {1, 2} and decides to drop 1, then waits before deleting.
     pruning = asyncio.create_task(slow.save_snapshot(keyed_snapshot('run', 'second', 'complete')))
     await asyncio.wait_for(gated.reached.wait(), timeout=60)
