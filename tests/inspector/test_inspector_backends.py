@@ -49,6 +49,16 @@ async def test_every_page_answers_on_every_backend(filled: tuple[StepStore, Scen
             assert f'data-run-id="{run_id}"' in listing.text
         assert 'badge-failed' in (await get('/', status='failed')).text
         run = await get('/run', id='orchestrator-run')
+        events = await store.list_events(run_id='orchestrator-run')
+        usages = [event.usage for event in events if event.usage is not None]
+        tokens_in, tokens_out = sum(u.input_tokens for u in usages), sum(u.output_tokens for u in usages)
+        assert len(usages) == 2 and tokens_in > 0
+        assert f'{tokens_in} / {tokens_out}' in listing.text, 'the run list shows the tokens its events recorded'
+        assert f'{tokens_in} in, {tokens_out} out' in run.text
+        for usage in usages:
+            assert f'{usage.input_tokens} in / {usage.output_tokens} out tokens' in run.text
+        answered = [event.model_name for event in events if event.usage is not None]
+        assert run.text.count(f'<span class="model">{answered[0]}</span>') == len(answered)
         assert 'researcher-run' in run.text and 'follow-up-run' in run.text and 'fork-run' in run.text
         assert 'continue_run(store, run_id=&#39;orchestrator-run&#39;, seq=' in run.text
         xss = await get('/run', id='xss-run')

@@ -135,6 +135,9 @@ class RunRow:
     model_requests: int
     tool_calls: int
     unresolved: int
+    input_tokens: int
+    output_tokens: int
+    """Token totals of its model requests, as their events recorded them."""
 
     @property
     def duration_seconds(self) -> float | None:
@@ -153,6 +156,8 @@ def _row(
         model_requests=sum(event.kind == 'model_request_started' for event in events),
         tool_calls=sum(event.kind == 'tool_call_started' for event in events),
         unresolved=len(unresolved),
+        input_tokens=sum(event.usage.input_tokens for event in events if event.usage is not None),
+        output_tokens=sum(event.usage.output_tokens for event in events if event.usage is not None),
     )
 
 

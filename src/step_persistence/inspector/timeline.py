@@ -1,14 +1,15 @@
 """A run's timeline: its events grouped into spans (a model request, a tool call) in the order they began.
 
-The event log says when each model request and tool call started and ended; the newest snapshot's
-messages (of any state) say what they were. A tool call's arguments and result are its
-`tool-call` and `tool-return` parts, found by `tool_call_id`; its ledger status is its
-`ToolEffectRecord`. A model request's model name and tokens are those of a response of the
-history: the run's completed requests are paired, in order, with the history's last responses
-(a continued run's history starts with its origin's, whose responses come first). When the
-history holds fewer responses than the run completed requests (a history processor dropped some),
-no request gets a model name. A `run_failed` entry links to the entry where the failure happened:
-the last failed request or call before it, else the last entry of its step.
+The event log says when each model request and tool call started and ended; the event ending a
+model request also names the model that answered and its tokens (`StepEvent.model_name`,
+`usage`). The newest snapshot's messages (of any state) say what the tool calls were: a call's
+arguments and result are its `tool-call` and `tool-return` parts, found by `tool_call_id`; its
+ledger status is its `ToolEffectRecord`. Events written before they carried the model and tokens
+get them from the history: the run's completed requests are paired, in order, with the history's
+last responses (a continued run's history starts with its origin's); when the history holds fewer
+responses than that (a history processor dropped some), none is paired. A `run_failed` entry links
+to the entry where the failure happened: the last failed request or call before it, else the last
+entry of its step.
 """
 
 from __future__ import annotations
@@ -106,6 +107,9 @@ def build_timeline(
         entry.ended_at = event.timestamp
         entry.outcome = outcome
         entry.error = event.error
+        entry.model_name = event.model_name
+        if event.usage is not None:
+            entry.input_tokens, entry.output_tokens = event.usage.input_tokens, event.usage.output_tokens
 
     for index, event in enumerate(events):
         kind = event.kind
@@ -157,15 +161,16 @@ def _failure_site(before: Sequence[TimelineEntry], step: int) -> str | None:
 
 
 def _pair_responses(entries: Sequence[TimelineEntry], messages: Sequence[MessageView]) -> tuple[int, int]:
-    """Give each completed model request its response's model name and tokens; return the token totals."""
-    completed = [entry for entry in entries if entry.kind == 'model' and entry.outcome == 'completed']
+    """Give completed model requests whose event has no tokens those of their response; return the token totals."""
+    requests = [entry for entry in entries if entry.kind == 'model']
+    completed = [entry for entry in requests if entry.outcome == 'completed']
     responses = [message for message in messages if message.kind == 'response']
-    if not completed or len(responses) < len(completed):
-        return 0, 0
-    input_tokens = output_tokens = 0
-    for entry, response in zip(completed, responses[len(responses) - len(completed) :], strict=True):
-        entry.model_name = response.model_name
-        entry.input_tokens, entry.output_tokens = response.input_tokens, response.output_tokens
-        input_tokens += response.input_tokens or 0
-        output_tokens += response.output_tokens or 0
-    return input_tokens, output_tokens
+    if any(entry.input_tokens is None for entry in completed) and len(responses) >= len(completed):
+        for entry, response in zip(completed, responses[len(responses) - len(completed) :], strict=True):
+            if entry.input_tokens is None:
+                entry.model_name = entry.model_name or response.model_name
+                entry.input_tokens, entry.output_tokens = response.input_tokens, response.output_tokens
+    return (
+        sum(entry.input_tokens or 0 for entry in requests),
+        sum(entry.output_tokens or 0 for entry in requests),
+    )
