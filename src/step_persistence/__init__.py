@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from step_persistence.capability import SnapshotSaved, StepPersistence
+    from step_persistence.conversations import continue_conversation, delete_conversation
     from step_persistence.copying import CopyReport, RunCopy, copy_runs
     from step_persistence.effects import find_tool_effects, resolve_tool_effect
     from step_persistence.errors import ErrorKind, classify_error
@@ -48,6 +49,8 @@ _MODULES: dict[str, str] = {
     'CopyReport': 'step_persistence.copying',
     'RunCopy': 'step_persistence.copying',
     'copy_runs': 'step_persistence.copying',
+    'continue_conversation': 'step_persistence.conversations',
+    'delete_conversation': 'step_persistence.conversations',
     'find_tool_effects': 'step_persistence.effects',
     'resolve_tool_effect': 'step_persistence.effects',
     'ErrorKind': 'step_persistence.errors',
@@ -107,8 +110,10 @@ __all__ = [
     'ToolEffectStatus',
     'annotate_tool_effect',
     'classify_error',
+    'continue_conversation',
     'continue_run',
     'copy_runs',
+    'delete_conversation',
     'find_tool_effects',
     'fork_run',
     'from_spec',
