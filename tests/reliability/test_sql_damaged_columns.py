@@ -352,17 +352,21 @@ SENTINEL_BLOBS = (
 """The blobs the sentinel's messages refer to (their digests are in its bodies' markers)."""
 
 
-async def test_one_damaged_value_in_any_column_hides_nothing_else(empty_database: EmptyDatabase) -> None:
+@pytest.mark.parametrize('table', sorted(TARGETS))
+async def test_one_damaged_value_in_any_column_hides_nothing_else(empty_database: EmptyDatabase, table: str) -> None:
+    """Every damage of every column of `table` (one test per table, so that test workers share them)."""
     url, dialect = empty_database.url, empty_database.dialect
     engine = create_async_engine(url)
     try:
         async with SqlStepStore(url) as store:
-            await check_every_damage(store, url, engine, dialect)
+            await check_every_damage(
+                store, url, engine, [damage for damage in damages(dialect) if damage.table == table]
+            )
     finally:
         await engine.dispose()
 
 
-async def check_every_damage(store: SqlStepStore, url: str, engine: AsyncEngine, dialect: str) -> None:
+async def check_every_damage(store: SqlStepStore, url: str, engine: AsyncEngine, to_try: list[Damage]) -> None:
     unchanged = await write_sentinel(store)
     logged = Logged()
     logger = logging.getLogger('step_persistence')
@@ -371,7 +375,7 @@ async def check_every_damage(store: SqlStepStore, url: str, engine: AsyncEngine,
     failures: list[str] = []
     try:
         victim: tuple[str, dict[str, Any]] | None = None
-        for number, damage in enumerate(damages(dialect)):
+        for number, damage in enumerate(to_try):
             if victim is None:  # a victim the database refused to damage serves the next damage
                 await write_victim(store, f'victim-{number}')
                 victim = f'victim-{number}', await observe(store, f'victim-{number}')
@@ -388,4 +392,4 @@ async def check_every_damage(store: SqlStepStore, url: str, engine: AsyncEngine,
     finally:
         logger.removeHandler(logged)
     assert not failures, '\n'.join(failures)
-    assert tally.damages > 40 and tally.skipped > 10, tally
+    assert tally.damages > 0, f'the database refused every damage of {to_try[0].table}: {tally}'
