@@ -148,12 +148,23 @@ def _mongo_database(url: str) -> str | None:
     return unquote(location.rpartition('@')[2].partition('/')[2]) or None
 
 
+def _harness(url: str | None, options: dict[str, Any]) -> StepStore:
+    """`harness+file://`, `harness+sqlite://`, `harness+postgresql://`, `harness+mongodb://`: what
+    pydantic-ai-harness wrote, read-only (see `step_persistence.adoption.urls`)."""
+    from step_persistence.adoption.urls import open_harness_store
+
+    if url is None:
+        raise ValueError('the harness backend reads what pydantic-ai-harness wrote: give its URL (harness+sqlite:///...)')
+    return open_harness_store(url, **options)
+
+
 _BACKENDS: dict[str, Callable[[str | None, dict[str, Any]], StepStore]] = {
     'memory': _memory,
     'file': _file,
     'sqlite': _sqlite,
     'postgres': _postgres,
     'mongo': _mongo,
+    'harness': _harness,
 }
 _URL_SCHEMES: dict[str, str] = {
     'memory': 'memory',
@@ -162,6 +173,7 @@ _URL_SCHEMES: dict[str, str] = {
     'postgresql': 'postgres',
     'postgres': 'postgres',
     'mongodb': 'mongo',
+    'harness': 'harness',
 }
 
 
@@ -175,6 +187,10 @@ def local_path(url: str) -> Path | None:
     """
     scheme = url_scheme(url)
     name = _URL_SCHEMES.get(scheme) if scheme is not None else None
+    if name == 'harness':
+        from step_persistence.adoption.urls import harness_local_path
+
+        return harness_local_path(url)
     if name == 'file':
         return Path(_file_directory(url))
     if name == 'sqlite':
