@@ -154,7 +154,9 @@ def _harness(url: str | None, options: dict[str, Any]) -> StepStore:
     from step_persistence.adoption.urls import open_harness_store
 
     if url is None:
-        raise ValueError('the harness backend reads what pydantic-ai-harness wrote: give its URL (harness+sqlite:///...)')
+        raise ValueError(
+            'the harness backend reads what pydantic-ai-harness wrote: give its URL (harness+sqlite:///...)'
+        )
     return open_harness_store(url, **options)
 
 
