@@ -32,16 +32,20 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from step_persistence.copying import CopyReport, RunCopy, copy_runs
 from step_persistence.protocol import StepStore
-from step_persistence.stores.harness.sql import DEFAULT_POSTGRES_TABLE, HarnessSqlStore, HarnessTables
+from step_persistence.stores.harness.sql import DEFAULT_POSTGRES_TABLE, HarnessSqlStore, HarnessTables, read_only_engine
 
-__all__ = ['ADOPTED_PREFIX', 'AdoptionError', 'AdoptionPlan', 'adopt', 'plan_adoption']
+__all__ = ['ADOPTED_PREFIX', 'AdoptionError', 'AdoptionPlan', 'HarnessTablesNotFound', 'adopt', 'plan_adoption']
 
 ADOPTED_PREFIX = 'harness_'
 """What the harness's SQLite tables are renamed to start with (`runs` -> `harness_runs`)."""
 
 
 class AdoptionError(Exception):
-    """Adoption found nothing to adopt, or a run could not be converted (nothing was changed)."""
+    """A run could not be converted, or there is nothing to adopt: nothing was changed."""
+
+
+class HarnessTablesNotFound(AdoptionError, LookupError):
+    """The database holds no pydantic-ai-harness tables."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +84,20 @@ class AdoptionPlan:
         """The statements that drop the harness's tables once they are no longer wanted (adopt never runs them)."""
         return [f'DROP TABLE {name}' for name in self.adopted_tables.names()]
 
+    def summary(self) -> dict[str, object]:
+        """The plan as plain values (`--json`)."""
+        return {
+            'dialect': self.dialect,
+            'harness_tables': self.tables.names(),
+            'renames': [list(rename) for rename in self.renames],
+            'revision': self.revision,
+            'head': self.head,
+            'runs': self.runs,
+            'already_adopted': self.already_adopted,
+            'copied': None if self.copied is None else self.copied.copied,
+            'kept_tables': self.adopted_tables.names(),
+        }
+
     def describe(self) -> list[str]:
         """What the plan does, one line per step."""
         lines = [f'pydantic-ai-harness tables found: {", ".join(self.tables.names())}']
@@ -91,14 +109,19 @@ class AdoptionPlan:
         return lines
 
 
-def _engine(url: str | URL) -> AsyncEngine:
-    """An engine on the database at `url` whose transactions include DDL (SQLite: `BEGIN IMMEDIATE`)."""
+def _engine(url: str | URL, *, write: bool) -> AsyncEngine:
+    """An engine on the database at `url`: read-only, or whose transactions include DDL (SQLite: `BEGIN
+    IMMEDIATE`, so that the renames and the migration are rolled back with the rest)."""
     parsed = make_url(url)
+    if parsed.get_backend_name() == 'postgres':
+        parsed = parsed.set(drivername='postgresql')
     backend = parsed.get_backend_name()
-    if backend in ('postgresql', 'postgres'):
-        return create_async_engine(parsed.set(drivername='postgresql+asyncpg'))
-    if backend != 'sqlite' or not parsed.database or parsed.database == ':memory:':
+    if backend not in ('sqlite', 'postgresql') or (backend == 'sqlite' and parsed.database in (None, '', ':memory:')):
         raise ValueError('adoption needs a SQLite file (sqlite:///old.db) or a PostgreSQL database (postgresql://...)')
+    if not write:
+        return read_only_engine(parsed)
+    if backend == 'postgresql':
+        return create_async_engine(parsed.set(drivername='postgresql+asyncpg'))
     engine = create_async_engine(parsed.set(drivername='sqlite+aiosqlite'))
 
     @event.listens_for(engine.sync_engine, 'connect')
@@ -132,12 +155,12 @@ def _found(connection: Connection, table: str) -> tuple[HarnessTables, list[tupl
         tables = HarnessTables.postgres(table=table)
         if tables.runs in names:
             return tables, []
-    raise AdoptionError('no pydantic-ai-harness tables in this database (nothing to adopt)')
+    raise HarnessTablesNotFound('no pydantic-ai-harness tables in this database (nothing to adopt)')
 
 
 @asynccontextmanager
-async def _transaction(url: str | URL) -> AsyncIterator[AsyncConnection]:
-    engine = _engine(url)
+async def _transaction(url: str | URL, *, write: bool) -> AsyncIterator[AsyncConnection]:
+    engine = _engine(url, write=write)
     try:
         async with engine.connect() as connection, connection.begin():
             yield connection
@@ -174,11 +197,9 @@ async def _plan(connection: AsyncConnection, table: str) -> AdoptionPlan:
 
 
 async def plan_adoption(url: str | URL, *, table: str = DEFAULT_POSTGRES_TABLE) -> AdoptionPlan:
-    """What `adopt(url)` would do; reads only (its transaction is rolled back)."""
-    async with _transaction(url) as connection:
-        plan = await _plan(connection, table)
-        await connection.rollback()
-    return plan
+    """What `adopt(url)` would do; reads only (a read-only transaction)."""
+    async with _transaction(url, write=False) as connection:
+        return await _plan(connection, table)
 
 
 async def adopt(
@@ -193,7 +214,7 @@ async def adopt(
     """
     from step_persistence.stores.sql import SqlStepStore
 
-    async with _transaction(url) as connection:
+    async with _transaction(url, write=True) as connection:
         plan = await _plan(connection, table)
         preparer = connection.dialect.identifier_preparer
         for old, new in plan.renames:

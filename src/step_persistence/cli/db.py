@@ -2,7 +2,7 @@
 
 Alembic driven from code with the migrations inside the installed package, for deployments that
 have no `alembic.ini` or repository checkout. Every command prints the revision the database is
-at afterwards.
+at afterwards, except `db adopt`, which converts a database pydantic-ai-harness wrote.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import typer
 from step_persistence._urls import redact_text, redact_url, url_scheme
 from step_persistence.cli._common import (
     DEFAULT_STORE,
+    EXIT_FAILED,
     EXIT_UNREACHABLE,
     EXIT_USAGE,
     Command,
@@ -30,6 +31,7 @@ from step_persistence.cli._common import (
 )
 
 if TYPE_CHECKING:
+    from step_persistence.adoption.in_place import AdoptionPlan
     from step_persistence.stores.sql.database import Database
 
 app = typer.Typer(
@@ -199,3 +201,69 @@ def stamp(
     from step_persistence.stores.sql import migrate
 
     _apply(store, schema, json_output, lambda database: migrate.stamp(database, revision))
+
+
+@app.command(cls=Command)
+def adopt(
+    url: Annotated[
+        str,
+        typer.Argument(
+            metavar='URL', help='The database pydantic-ai-harness wrote (sqlite:///old.db, postgresql://...).'
+        ),
+    ],
+    table: Annotated[
+        str,
+        typer.Option(
+            '--table', metavar='NAME', help="PostgreSQL: the harness store's table= (the start of its table names)."
+        ),
+    ] = 'step_persistence',
+    dry_run: Annotated[bool, typer.Option('--dry-run', help='Print what would be done; change nothing.')] = False,
+    json_output: JsonOption = False,
+) -> None:
+    """Convert the tables pydantic-ai-harness wrote in a SQLite or PostgreSQL database into ours, in place.
+
+    One transaction: SQLite's harness tables are renamed harness_<name> (ours have their names),
+    our tables are created or upgraded (the revision is recorded), then every harness run not yet
+    in them is copied with its events, effects, snapshots and media, and checked. The harness's
+    tables are kept. Running it again converts only runs written since: nothing, usually.
+    """
+    from step_persistence.spec import local_path
+
+    if url_scheme(url) not in _SQL_SCHEMES:
+        fail(f'db adopt converts a SQLite or PostgreSQL database; {redact_url(url)!r} is not one', EXIT_USAGE)
+    try:
+        location = local_path(url)
+    except ValueError as error:
+        fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
+    if location is not None and not location.exists():
+        fail(missing_location(url, location, 'URL'), EXIT_UNREACHABLE)
+
+    async def main() -> AdoptionPlan | str:
+        from step_persistence.adoption.in_place import AdoptionError, adopt, plan_adoption
+
+        try:
+            return await (plan_adoption(url, table=table) if dry_run else adopt(url, table=table))
+        except LookupError:
+            raise  # no harness tables: not found (3)
+        except AdoptionError as error:
+            return str(error)
+
+    plan = run(main)
+    if isinstance(plan, str):
+        fail(plan, EXIT_FAILED)
+    if json_output:
+        print_json({'dry_run': dry_run, **plan.summary()})
+        return
+    console = out()
+    for line in plan.describe():
+        console.print(escape(line), highlight=False)
+    if dry_run:
+        console.print('dry run: nothing was changed', highlight=False)
+    elif plan.changes_nothing or plan.copied is None:
+        console.print('already adopted: nothing was changed', highlight=False)
+    else:
+        console.print(
+            f'adopted: {len(plan.copied.copied)} run(s) converted, {len(plan.already_adopted)} already there; '
+            f'the harness tables are kept ({", ".join(plan.adopted_tables.names())})',
+            highlight=False,
+        )

@@ -34,7 +34,7 @@ from step_persistence.media.uri import parse_media_uri
 from step_persistence.stores.harness._base import HarnessStore, Stored, StoredSnapshot
 from step_persistence.stores.harness._messages import MessagesColumn
 
-__all__ = ['DEFAULT_POSTGRES_TABLE', 'HarnessSqlStore', 'HarnessTables']
+__all__ = ['DEFAULT_POSTGRES_TABLE', 'HarnessSqlStore', 'HarnessTables', 'read_only_engine']
 
 DEFAULT_POSTGRES_TABLE = 'step_persistence'
 """The harness's `PostgresStepStore(table=...)` default: the start of each of its table names."""
@@ -98,11 +98,16 @@ _SNAPSHOT_COLUMNS = (
 )
 
 
-def _sqlite_engine(path: Path) -> AsyncEngine:
-    """An engine that opens the SQLite file read-only (it must exist; nothing is created)."""
+def read_only_engine(url: URL) -> AsyncEngine:
+    """An engine that only reads the database at `url`: a SQLite file opened read-only (it must exist;
+    nothing is created), or PostgreSQL (through asyncpg) with every transaction `READ ONLY`."""
+    if url.get_backend_name() != 'sqlite':
+        return create_async_engine(
+            url.set(drivername='postgresql+asyncpg'), execution_options={'postgresql_readonly': True}
+        )
     import aiosqlite
 
-    location = f'{path.resolve().as_uri()}?mode=ro'
+    location = f'{Path(url.database or "").resolve().as_uri()}?mode=ro'
 
     def connect() -> Any:
         return aiosqlite.connect(location, uri=True)
@@ -147,7 +152,7 @@ class HarnessSqlStore(HarnessStore):
         """The harness's SQLite file at `database`, opened read-only."""
         path = Path(database)
         return cls(
-            _sqlite_engine(path),
+            read_only_engine(URL.create('sqlite', database=str(path))),
             tables or HarnessTables.sqlite(),
             description=f'the harness SQLite database {path}',
             owns_engine=True,
@@ -160,11 +165,9 @@ class HarnessSqlStore(HarnessStore):
     ) -> HarnessSqlStore:
         """The harness's tables in the PostgreSQL database at `url` (`postgresql://...`; asyncpg is used),
         every read in a read-only transaction."""
-        parsed = make_url(url)
-        parsed = parsed.set(drivername='postgresql+asyncpg')
-        engine = create_async_engine(parsed, execution_options={'postgresql_readonly': True})
+        parsed = make_url(url).set(drivername='postgresql+asyncpg')
         return cls(
-            engine,
+            read_only_engine(parsed),
             tables or HarnessTables.postgres(),
             description=f'the harness tables at {redact_url(parsed.render_as_string(hide_password=False))}',
             owns_engine=True,
