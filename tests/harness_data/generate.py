@@ -40,25 +40,13 @@ from pathlib import Path
 from typing import Any
 
 import pydantic_ai_harness.step_persistence as harness
+from payloads import CONVERSATION, CRASHED_RUN, ICON, IMAGE, OLD_IMAGE, REPORT
 from pydantic_ai import Agent, BinaryContent, RunContext
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart, ToolCallPart, UserPromptPart
 from pydantic_ai.models.function import FunctionModel
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-
-IMAGE = b'\x89PNG\r\n\x1a\n' + bytes(range(256)) * 320
-"""Above the harness's default media threshold (64 KiB): externalized as a binary blob."""
-ICON = b'GIF89a' + bytes(range(64))
-"""Below the threshold: kept inline."""
-REPORT = 'lorem ipsum dolor sit amet ' * 2600
-"""A tool's text return above the threshold: externalized as a text blob."""
-OLD_IMAGE = b'\xff\xd8\xff\xe0' + bytes(reversed(range(256))) * 300
-"""The older release's image (its own blob)."""
-
-CONVERSATION = 'orch-conv'
-CRASHED_RUN = 'deploy-crash-1'
-
 
 # --- scripted models ---
 

@@ -9,7 +9,8 @@ One transaction does it all, so a failure leaves the database as it was:
 3. create our tables (or upgrade them) with the packaged Alembic migrations, which records the
    revision in our version table;
 4. copy every harness run that our tables do not hold yet (record, events, effects, snapshots
-   with their media), read back and compared (`copy_runs`).
+   with their media), read back and compared (`copy_runs`). An item that cannot be read fails
+   the adoption (the harness store is read `strict`ly), so nothing is left behind unsaid.
 
 The harness's tables are kept, renamed on SQLite, untouched on PostgreSQL: nothing is lost, and a
 deployment may go on reading them with the harness until it moves. Dropping them is left to the
@@ -221,7 +222,7 @@ async def adopt(
             await connection.exec_driver_sql(f'ALTER TABLE {preparer.quote(old)} RENAME TO {preparer.quote(new)}')
         ours = SqlStepStore(connection, auto_migrate=False)
         await ours.migrate()
-        harness = HarnessSqlStore(connection, plan.adopted_tables, description='the harness tables')
+        harness = HarnessSqlStore(connection, plan.adopted_tables, description='the harness tables', strict=True)
         todo, held = await _runs(harness, ours)
         report = await copy_runs(harness, ours, run_ids=todo, on_run=on_run) if todo else CopyReport()
         if not report.ok:

@@ -9,17 +9,17 @@ argument checks, and refuses every write with `ReadOnlyStoreError`.
   its file store and run across all runs in SQL).
 - A tool effect's latest stored version wins (the file store appends one line per change).
 - Media markers are restored from the harness's media (or from the `media_store` given).
-- An item that cannot be read is skipped and logged, as every store of ours does.
+- An item that cannot be read is skipped and logged, as every store of ours does (with `strict`, it raises).
 """
 
 from __future__ import annotations
 
 from abc import abstractmethod
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from functools import partial
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
@@ -40,6 +40,8 @@ from step_persistence.stores.harness._records import effect_from, event_from, ru
 
 __all__ = ['HarnessStore', 'ReadOnlyStoreError', 'StoredSnapshot']
 
+T = TypeVar('T')
+
 Stored = Mapping[str, Any]
 """One stored item as the harness spelt it: a JSON object, a row, a document."""
 
@@ -59,8 +61,15 @@ class StoredSnapshot:
 class HarnessStore(ClosesOnExit):
     """A store pydantic-ai-harness wrote, read through our protocol; every write raises `ReadOnlyStoreError`."""
 
-    def __init__(self, *, media_store: MediaStore | None = None) -> None:
+    def __init__(self, *, media_store: MediaStore | None = None, strict: bool = False) -> None:
         self._media_store = media_store
+        self._strict = strict
+        """Raise on an item that cannot be read instead of skipping it (adoption: every item or none)."""
+
+    def _each(self, items: list[Stored], describe: Callable[[Stored], str], build: Callable[[Stored], T]) -> list[T]:
+        if self._strict:
+            return [build(item) for item in items]
+        return read_each(items, describe, build)
 
     # --- what each backend reads ---
 
@@ -93,7 +102,7 @@ class HarnessStore(ClosesOnExit):
 
     async def _runs(self) -> list[tuple[RunRecord, int]]:
         stored = await self._read_runs()
-        records = read_each(stored, lambda item: f'harness run {item.get("run_id")!r}', run_from)
+        records = self._each(stored, lambda item: f'harness run {item.get("run_id")!r}', run_from)
         return [(record, registration) for registration, record in enumerate(records)]
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
@@ -140,14 +149,17 @@ class HarnessStore(ClosesOnExit):
     async def list_events(self, *, run_id: str) -> list[StepEvent]:
         require_text('run_id', run_id)
         stored = await self._read_events(run_id)
-        return read_each(stored, lambda _: f'harness event of run {run_id!r}', event_from)
+        return self._each(stored, lambda _: f'harness event of run {run_id!r}', event_from)
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         require_text('run_id', run_id)
         snapshots: list[ContinuableSnapshot] = []
         for seq, stored in enumerate(await self._read_snapshots(run_id), start=1):
-            snapshot = await read_or_skip_async(
-                f'harness snapshot {seq} of run {run_id!r}', partial(self._snapshot, stored, seq)
+            read = partial(self._snapshot, stored, seq)
+            snapshot = (
+                await read()
+                if self._strict
+                else await read_or_skip_async(f'harness snapshot {seq} of run {run_id!r}', read)
             )
             if snapshot is not None and (include_interrupted or snapshot.state == 'complete'):
                 snapshots.append(snapshot)
@@ -171,7 +183,7 @@ class HarnessStore(ClosesOnExit):
     async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
         require_text('run_id', run_id)
         stored = await self._read_effects(run_id)
-        versions = read_each(stored, lambda _: f'harness tool effect of run {run_id!r}', effect_from)
+        versions = self._each(stored, lambda _: f'harness tool effect of run {run_id!r}', effect_from)
         latest = {effect.tool_call_id: effect for effect in versions}
         return sorted(latest.values(), key=lambda effect: (effect.started_at, effect.tool_call_id))
 

@@ -120,7 +120,8 @@ class HarnessSqlStore(HarnessStore):
     `AsyncConnection` (reads in its transaction; it is never committed or closed).
 
     `HarnessSqlStore.sqlite(path)` and `HarnessSqlStore.postgres(url)` open a read-only engine of
-    their own, disposed by `aclose()`.
+    their own, disposed by `aclose()`. `strict`: an item that cannot be read raises instead of
+    being skipped and logged.
     """
 
     def __init__(
@@ -131,8 +132,9 @@ class HarnessSqlStore(HarnessStore):
         description: str,
         owns_engine: bool = False,
         media_store: MediaStore | None = None,
+        strict: bool = False,
     ) -> None:
-        super().__init__(media_store=media_store)
+        super().__init__(media_store=media_store, strict=strict)
         self.tables = tables
         self._bind = bind
         self._owns_engine = owns_engine
