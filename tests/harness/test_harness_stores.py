@@ -7,8 +7,8 @@ fresh database) and its MongoDB collections (the documents inserted into a fresh
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 import sqlite3
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -84,7 +84,7 @@ async def test_every_run_reads_back_whole(harness_data: HarnessData) -> None:
 
 
 async def test_copy_moves_everything_and_again_nothing(harness_data: HarnessData, tmp_path: Path) -> None:
-    """`step-persistence copy harness+...:// sqlite:///runs.db`: every run arrives whole; a second copy skips them all."""
+    """`step-persistence copy harness+...:// sqlite:///runs.db`: every run arrives whole; again, all are skipped."""
     destination = f'sqlite:///{tmp_path / "runs.db"}'
     first = cli('copy', harness_data.url, destination)
     assert f'{harness_data.counts.runs} run(s) copied, 0 already at the destination, 0 failed' in first.stdout
