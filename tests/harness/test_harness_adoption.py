@@ -1,4 +1,4 @@
-"""`step-persistence db adopt URL`: a SQLite or PostgreSQL database pydantic-ai-harness wrote, converted in place.
+"""`step-persistence db adopt --store URL`: a SQLite or PostgreSQL database the harness wrote, converted in place.
 
 On the harness's own data (tests/harness_data/): the dry run changes nothing, the adoption brings
 every run into our tables in one transaction and keeps the harness's tables (renamed on SQLite),
@@ -117,7 +117,7 @@ async def test_a_database_without_harness_tables(tmp_path: Path) -> None:
     before = await _tables(url)
     with pytest.raises(HarnessTablesNotFound):
         await adopt(url)
-    assert 'no pydantic-ai-harness tables' in cli('db', 'adopt', url, expect=3).stderr
+    assert 'no pydantic-ai-harness tables' in cli('db', 'adopt', '--store', url, expect=3).stderr
     assert await _tables(url) == before
 
 
@@ -126,16 +126,16 @@ def test_the_command(tmp_path: Path) -> None:
     database = place_sqlite(tmp_path / 'old.db')
     url = f'sqlite:///{database}'
     before = tree_digest(database)
-    dry = cli('db', 'adopt', url, '--dry-run')
+    dry = cli('db', 'adopt', '--store', url, '--dry-run')
     assert 'rename table runs to harness_runs' in dry.stdout
     assert f'create the step-persistence tables at revision {head_revision()}' in dry.stdout
     assert 'convert 8 run(s); 0 already adopted' in dry.stdout
     assert 'dry run: nothing was changed' in dry.stdout
     assert tree_digest(database) == before
-    done = cli('db', 'adopt', url)
+    done = cli('db', 'adopt', '--store', url)
     assert 'adopted: 8 run(s) converted, 0 already there' in done.stdout
-    assert 'already adopted: nothing was changed' in cli('db', 'adopt', url).stdout
+    assert 'already adopted: nothing was changed' in cli('db', 'adopt', '--store', url).stdout
     listed = cli('runs', 'list', '--store', url, '--json')
     assert listed.stdout.count('"run_id"') == 8
-    assert 'does not exist' in cli('db', 'adopt', f'sqlite:///{tmp_path / "missing.db"}', expect=4).stderr
-    assert 'is not one' in cli('db', 'adopt', 'mongodb://localhost/x', expect=2).stderr
+    assert 'does not exist' in cli('db', 'adopt', '--store', f'sqlite:///{tmp_path / "missing.db"}', expect=4).stderr
+    assert 'is not one' in cli('db', 'adopt', '--store', 'mongodb://localhost/x', expect=2).stderr

@@ -1,4 +1,4 @@
-"""`step-persistence db adopt URL`: a database pydantic-ai-harness wrote, converted into our schema in place.
+"""`step-persistence db adopt --store URL`: a database pydantic-ai-harness wrote, converted into our schema in place.
 
 One transaction does it all, so a failure leaves the database as it was:
 

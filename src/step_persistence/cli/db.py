@@ -205,12 +205,7 @@ def stamp(
 
 @app.command(cls=Command)
 def adopt(
-    url: Annotated[
-        str,
-        typer.Argument(
-            metavar='URL', help='The database pydantic-ai-harness wrote (sqlite:///old.db, postgresql://...).'
-        ),
-    ],
+    store: StoreOption = DEFAULT_STORE,
     table: Annotated[
         str,
         typer.Option(
@@ -220,7 +215,7 @@ def adopt(
     dry_run: Annotated[bool, typer.Option('--dry-run', help='Print what would be done; change nothing.')] = False,
     json_output: JsonOption = False,
 ) -> None:
-    """Convert the tables pydantic-ai-harness wrote in a SQLite or PostgreSQL database into ours, in place.
+    """Convert the tables pydantic-ai-harness wrote in the SQLite or PostgreSQL database --store into ours, in place.
 
     One transaction: SQLite's harness tables are renamed harness_<name> (ours have their names),
     our tables are created or upgraded (the revision is recorded), then every harness run not yet
@@ -229,6 +224,7 @@ def adopt(
     """
     from step_persistence.spec import local_path
 
+    url = store
     if url_scheme(url) not in _SQL_SCHEMES:
         fail(f'db adopt converts a SQLite or PostgreSQL database; {redact_url(url)!r} is not one', EXIT_USAGE)
     try:
@@ -236,7 +232,7 @@ def adopt(
     except ValueError as error:
         fail(f'cannot open store {redact_url(url)!r}: {redact_text(str(error))}', EXIT_USAGE)
     if location is not None and not location.exists():
-        fail(missing_location(url, location, 'URL'), EXIT_UNREACHABLE)
+        fail(missing_location(url, location), EXIT_UNREACHABLE)
 
     async def main() -> AdoptionPlan | str:
         from step_persistence.adoption.in_place import AdoptionError, adopt, plan_adoption
