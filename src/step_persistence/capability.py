@@ -548,6 +548,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 # A call whose start was queued after the failure was recorded (a sibling task the
                 # cancellation reached late) is still open: it ends before the terminal event.
                 self._settle_in_flight(recorded)
+                # A call pydantic-ai started after the failure snapshot was taken may have completed
+                # since: its return is in no snapshot, so its result is discarded, as the failure's are.
+                self._discard_completed_calls()
                 self._queue_terminal('run_failed', error=recorded)
                 await self._flush(ctx)
             raise
@@ -696,6 +699,14 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             )
             messages.append(marker)
         return messages
+
+    def _discard_completed_calls(self) -> None:
+        """Record every call completed since the last failure snapshot as discarded: no history will hold its return."""
+        run = self._run
+        for record in run.completed_calls.values():
+            self._queue_discarded(record, step_index=run.step)
+        run.completed_calls.clear()
+        run.results.clear()
 
     def _queue_discarded(self, record: ToolEffectRecord, *, step_index: int) -> None:
         """Record a call whose return value never reached the history as failed, with the reason."""
