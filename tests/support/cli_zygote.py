@@ -1,38 +1,43 @@
-"""The command line's zygote: imports it and every store once, then runs each command in a forked child.
+"""The command line's zygote: imports the whole package once, then runs each command in a forked child.
 
-Usage: python cli_zygote.py. Prints `ready` once imported. Then, for each JSON line read on stdin,
-`{"args": [...], "cwd": ..., "env": {...}, "stdout": path, "stderr": path}`, it forks a child that
-runs `step-persistence ARGS...` as the console script does (`step_persistence.cli:main`), in that
-directory and environment, with its output written to those files and its stdin on /dev/null, and
-prints `{"status": <exit code>}` once the child ended. A child still running after
-`LIMIT_SECONDS` is ended by SIGALRM (status -14).
+Usage: python cli_zygote.py. Prints `ready` once every module is imported (see `import_everything`).
+Then, for each JSON line read on stdin, `{"args": [...], "cwd": ..., "env": {...}, "stdout": path,
+"stderr": path}`, it forks a child that runs `step-persistence ARGS...` as the console script does
+(`step_persistence.cli:main`), in that directory and environment, with its output written to those
+files and its stdin on /dev/null, and prints `{"status": <exit code>}` once the child ended. A child
+still running after `LIMIT_SECONDS` is ended by SIGALRM (status -14).
 
 A command costs a fork instead of a new interpreter importing pydantic-ai, SQLAlchemy and the
-drivers (about 2.5 s each), which made the command-line tests most of the suite's time.
+drivers (about 2.5 s each), which made the command-line tests most of the suite's time. The commands
+import most of that only when they run, so the zygote imports it first: otherwise every child would.
 """
 
 from __future__ import annotations
 
+import importlib
+import inspect
 import json
 import os
+import pkgutil
 import signal
 import sys
 import traceback
 from typing import Any, NoReturn
 
-import aiosqlite  # noqa: F401  (every import below is done once, before forking)
+import aiosqlite  # noqa: F401  (every import here is done once, before forking)
 import alembic.command  # noqa: F401
+import anyio._backends._asyncio  # noqa: F401
 import asyncpg  # noqa: F401
+import pydantic
 import pymongo  # noqa: F401
+import rich._emoji_codes
+import rich.progress  # noqa: F401
+import sqlalchemy.dialects.postgresql.asyncpg
+import sqlalchemy.dialects.sqlite.aiosqlite  # noqa: F401
+from pydantic_ai import Agent  # noqa: F401
 
-import step_persistence.copying
-import step_persistence.media.disk
-import step_persistence.migrations.environment
-import step_persistence.reporting
-import step_persistence.stores.file
-import step_persistence.stores.mongo
-import step_persistence.stores.mongo.media_store
-import step_persistence.stores.sql  # noqa: F401
+import step_persistence
+import step_persistence.records
 from step_persistence.cli import main
 
 LIMIT_SECONDS = 120
@@ -77,7 +82,20 @@ def run_command(request: dict[str, Any]) -> NoReturn:
         os._exit(status)
 
 
+def import_everything() -> None:
+    """Every module of the package (commands import theirs when they run: the stores, pydantic-ai, rich,
+    Alembic) and every record's validator built (each is built on first use), so no child does either."""
+    for module in pkgutil.walk_packages(step_persistence.__path__, 'step_persistence.'):
+        if module.name != 'step_persistence.migrations.env':  # Alembic's script, run inside a migration
+            importlib.import_module(module.name)
+    records = [value for value in vars(step_persistence.records).values() if inspect.isclass(value)]
+    for record in records:
+        if issubclass(record, pydantic.BaseModel) and record.__module__ == step_persistence.records.__name__:
+            record.model_rebuild()
+
+
 def serve() -> None:
+    import_everything()
     print('ready', flush=True)
     for line in sys.stdin:
         request = json.loads(line)
