@@ -44,6 +44,7 @@ from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence._lru import BoundedLru
 from step_persistence._reading import logger
 from step_persistence._stream_watch import StreamWatch
+from step_persistence._telemetry import RunSpans
 from step_persistence._urls import redact_url
 from step_persistence.helpers import unanswered_tool_call_ids
 from step_persistence.origins import find_origin
@@ -103,6 +104,8 @@ class _RunState:
     agent_name: str | None
     write_batch: Callable[[StepWrites], Awaitable[None]] | None
     """The store's `write_batch`, looked up once per run (`None`: the store writes call by call)."""
+    spans: RunSpans
+    """The record's identity on pydantic-ai's spans of the run (does nothing unless the run is traced)."""
     encoder: HistoryEncoder = field(default_factory=HistoryEncoder)
     live_messages: list[ModelMessage] | None = None
     """The run's message history list, as seen by node hooks (the run context's own may be stale)."""
@@ -320,6 +323,9 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     """Copied onto the run record and every event."""
     capture_frontier: bool = False
     """Also snapshot before each model request and after each model response."""
+    span_attributes: bool = True
+    """Put the record's identity (run id, lineage, snapshots, ledger) on the OpenTelemetry spans of
+    pydantic-ai's instrumentation, when it instruments the run (docs/observability.md)."""
     _: KW_ONLY
     id: str | None = 'step_persistence'
 
@@ -357,6 +363,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         copy._state = _RunState(
             active=ActiveRun(run_id=run_id, store=self.store),
             write_batch=batch_writer(self.store),
+            spans=RunSpans(run_id=run_id),
             conversation_id=ctx.conversation_id,
             parent_run_id=parent_run_id,
             agent_name=agent_name,
@@ -424,6 +431,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 writes = run.take_pending()
                 if not writes.is_empty():
                     await self._persist_writes(ctx, writes)
+                if writes.snapshots and run.spans.traced:
+                    await run.spans.snapshots_saved(self.store, writes.snapshots)
                 return writes
 
         written = await run_to_completion(flush())
@@ -533,6 +542,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
 
     async def wrap_run(self, ctx: RunContext[Any], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
         run = self._run
+        if self.span_attributes:
+            run.spans.start(ctx, conversation_id=run.conversation_id, parent_run_id=run.parent_run_id)
         token = ACTIVE_RUN.set(run.active)
         try:
             return await handler()
@@ -575,6 +586,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             )
             await self._persist_run(ctx, record)
             run.registered = True
+            run.spans.registered(origin)
             self._queue_event('run_started', step_index=ctx.run_step, key=run.key('run_started'))
 
         # To its end, so that a run cancelled meanwhile (a short `timeout=`) knows whether its record
@@ -777,6 +789,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         step = ctx.run_step
         self._end_model_request(None)
         run.open_request, run.stream = step, None
+        run.spans.model_request(step)
         self._queue_tool_cycle(ctx.messages)
         self._queue_event('model_request_started', step_index=step, key=run.key('model', step, 'started'))
         if self.capture_frontier:
@@ -838,6 +851,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         run.active.in_flight[call_id] = started
         run.ran.add(call_id)
         run.pending.tool_effects.append(started)
+        run.spans.tool_started(started, step_index=step)
         self._queue_event(
             'tool_call_started', step_index=step, key=run.key('tool', step, call_id, 'started'), tool=started
         )
@@ -884,6 +898,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             summary = in_flight.effect_summary if in_flight.effect_summary is not None else _failure_summary(error)
             record = in_flight.model_copy(update={'status': 'failed', 'ended_at': utc_now(), 'effect_summary': summary})
         run.pending.tool_effects.append(record)
+        run.spans.tool_settled(record)
         kind: EventKind = 'tool_call_completed' if error is None else 'tool_call_failed'
         outcome = 'completed' if error is None else 'failed'
         self._queue_event(kind, step_index=step, key=run.key('tool', step, call_id, outcome), tool=record, error=error)
