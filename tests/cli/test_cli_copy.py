@@ -15,7 +15,6 @@ import os
 import pty
 import random
 import sqlite3
-import subprocess
 from collections.abc import AsyncIterator
 from itertools import pairwise
 from pathlib import Path
@@ -38,7 +37,7 @@ from step_persistence import (
 )
 from step_persistence.stores.sql.schema import media
 from support.backends import _count_rows
-from support.console_script import SCRIPT, cli
+from support.console_script import cli
 from support.databases import EmptyDatabase
 from support.reporting_runs import populate
 from support.scripted import calls, scripted, text
@@ -240,15 +239,8 @@ def _with_terminal_stderr(*args: str) -> tuple[str, str]:
     """Run the console script with stderr on a pseudo-terminal: (stdout, what the terminal showed)."""
     leader, follower = pty.openpty()
     try:
-        completed = subprocess.run(
-            [str(SCRIPT), *args],
-            stdout=subprocess.PIPE,
-            stderr=follower,
-            text=True,
-            timeout=120,
-            env={**os.environ, 'TERM': 'xterm', 'COLUMNS': '120'},
-            check=True,
-        )
+        environment = {**os.environ, 'TERM': 'xterm', 'COLUMNS': '120'}
+        completed = cli(*args, env=environment, stderr=os.ttyname(follower))
         os.close(follower)
         shown = b''
         while True:

@@ -18,7 +18,7 @@ from sqlalchemy import create_engine, text
 
 from step_persistence import PostgresStepStore, SqliteStepStore, classify_error
 from step_persistence.cli._common import EXIT_DATABASE, EXIT_UNREACHABLE, run
-from support.console_script import cli, console_script
+from support.console_script import cli
 from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
@@ -125,10 +125,10 @@ def test_console_script_reports_a_database_without_tables(tmp_path: Path) -> Non
     """A database stamped at the newest revision but holding no tables: not an unreachable server."""
     store = f'sqlite:///{tmp_path / "stamped.db"}'
     (tmp_path / 'stamped.db').touch()  # only `db upgrade` creates a database file
-    console_script('db', 'stamp', 'head', '--store', store)
+    cli('db', 'stamp', 'head', '--store', store)
     for command in (['runs', 'list'], ['prune', '--older-than', '1d'], ['copy', store, f'file://{tmp_path / "A"}']):
         args = [*command, '--store', store] if command[0] != 'copy' else command
-        failed = console_script(*args, expect=EXIT_DATABASE)
+        failed = cli(*args, expect=EXIT_DATABASE)
         assert 'no such table' in failed.stderr and 'cannot reach' not in failed.stderr, command
 
 

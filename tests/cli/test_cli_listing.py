@@ -12,7 +12,6 @@ import os
 import pty
 import re
 import struct
-import subprocess
 import termios
 import threading
 from datetime import UTC, datetime, timedelta
@@ -33,7 +32,7 @@ from step_persistence import (
 )
 from step_persistence.cli.listing import BATCH, candidate_runs, select_summaries, summaries_in_one_query
 from step_persistence.reporting import summarize_runs
-from support.console_script import SCRIPT, cli
+from support.console_script import cli
 
 pytestmark = pytest.mark.anyio
 
@@ -132,14 +131,8 @@ def on_a_terminal(*args: str, columns: int = 80) -> str:
     reader = threading.Thread(target=drain)
     reader.start()
     try:
-        subprocess.run(
-            [str(SCRIPT), *args],
-            stdout=follower,
-            stderr=subprocess.DEVNULL,
-            env={**environment, 'TERM': 'xterm', 'NO_COLOR': '1'},
-            timeout=120,
-            check=True,
-        )
+        terminal = {**environment, 'TERM': 'xterm', 'NO_COLOR': '1'}
+        cli(*args, env=terminal, stdout=os.ttyname(follower), stderr=os.devnull)
     finally:
         os.close(follower)
         reader.join(timeout=30)
@@ -167,7 +160,7 @@ async def test_run_ids_are_never_wrapped(tmp_path: Path, monkeypatch: pytest.Mon
     }
 
     whole_on_one_line(on_a_terminal('runs', 'tree', LONGER_ID, '--store', url), LONG_ID, LONGER_ID)
-    shown = on_a_terminal('runs', 'show', LONG_ID, '--store', url)  # a terminal costs a new interpreter
+    shown = on_a_terminal('runs', 'show', LONG_ID, '--store', url)
     assert any(LONG_ID in line and 'crashed' in line for line in shown.splitlines()), shown
     listing = on_a_terminal('runs', 'list', '--store', url)
     whole_on_one_line(listing, LONG_ID, LONGER_ID)

@@ -11,7 +11,7 @@ import pytest
 
 from step_persistence import RunRecord, SqlStepStore, from_spec
 from step_persistence.stores.sql.migrate import downgrade, head_revision
-from support.console_script import cli, console_script
+from support.console_script import cli
 from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
@@ -73,10 +73,10 @@ def test_a_sqlite_file_that_does_not_exist_is_refused_and_not_created(in_empty_d
         assert f'no SQLite database at sub/nothere.db (in {in_empty_directory})' in refused.stderr, command
         assert refused.stdout == '', command
     absolute = in_empty_directory / 'abs' / 'nothere.db'
-    refused = console_script('runs', 'list', '--store', f'sqlite:///{absolute}', expect=EXIT_UNREACHABLE)
+    refused = cli('runs', 'list', '--store', f'sqlite:///{absolute}', expect=EXIT_UNREACHABLE)
     assert f'no SQLite database at {absolute}: the file does not exist' in refused.stderr
     assert 'step-persistence db upgrade --store' in refused.stderr
-    default = console_script('report', expect=EXIT_UNREACHABLE)  # the default store, sqlite:///runs.db
+    default = cli('report', expect=EXIT_UNREACHABLE)  # the default store, sqlite:///runs.db
     assert 'no SQLite database at runs.db' in default.stderr and '0 run(s)' not in default.stdout
     assert every_file(in_empty_directory) == [], 'no file, no directory, no copy destination'
 

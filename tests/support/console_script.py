@@ -1,8 +1,9 @@
-"""Running `step-persistence` as a user would: the installed console script, or its entry point in a fork.
+"""Running `step-persistence` as a user would: the console script's entry point in a forked process.
 
 `cli` runs a command in a child forked from `cli_zygote.py` (the console script's entry point,
-in a fresh process with its own output files and exit status, without importing everything
-again); `console_script` runs the installed script itself in a subprocess.
+in a fresh process with its own output files, terminal if asked, environment and exit status,
+without importing everything again); `SCRIPT` is the installed script itself, for the tests whose
+point is a new interpreter (its imports, its first-run output) or a long-lived server process.
 """
 
 from __future__ import annotations
@@ -13,29 +14,35 @@ import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ['SCRIPT', 'cli', 'console_script']
+__all__ = ['SCRIPT', 'cli']
 
 SCRIPT = Path(sys.executable).with_name('step-persistence')
 ZYGOTE = Path(__file__).with_name('cli_zygote.py')
 
 
-def console_script(*args: str, expect: int = 0) -> subprocess.CompletedProcess[str]:
-    """Run the installed `step-persistence ARGS...` in a subprocess and check its exit code."""
-    completed = subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=120)
-    assert completed.returncode == expect, (completed.returncode, completed.stdout, completed.stderr)
-    return completed
-
-
-def cli(*args: str, expect: int | None = 0) -> subprocess.CompletedProcess[str]:
+def cli(
+    *args: str,
+    expect: int | None = 0,
+    env: Mapping[str, str] | None = None,
+    stdout: str | None = None,
+    stderr: str | None = None,
+) -> subprocess.CompletedProcess[str]:
     """Run `step-persistence ARGS...` in a child of this test process's zygote and check its exit code
-    (any, with `expect=None`)."""
+    (any, with `expect=None`).
+
+    The child gets `env` (default: this process's environment) and writes its output to the files
+    `stdout` and `stderr` name (a terminal's device, `os.devnull`) if given, else to files read into
+    the result."""
     with tempfile.TemporaryDirectory() as scratch:
-        stdout, stderr = Path(scratch, 'stdout'), Path(scratch, 'stderr')
-        request = {'args': list(args), 'cwd': os.getcwd(), 'env': dict(os.environ)}
-        status = _zygote().run({**request, 'stdout': str(stdout), 'stderr': str(stderr)})
-        completed = subprocess.CompletedProcess([str(SCRIPT), *args], status, stdout.read_text(), stderr.read_text())
+        captured = {'stdout': Path(scratch, 'stdout'), 'stderr': Path(scratch, 'stderr')}
+        targets = {'stdout': stdout or str(captured['stdout']), 'stderr': stderr or str(captured['stderr'])}
+        request = {'args': list(args), 'cwd': os.getcwd(), 'env': dict(os.environ if env is None else env)}
+        status = _zygote().run({**request, **targets})
+        output = {name: path.read_text() if path.exists() else '' for name, path in captured.items()}
+        completed = subprocess.CompletedProcess([str(SCRIPT), *args], status, output['stdout'], output['stderr'])
     assert expect is None or completed.returncode == expect, (completed.returncode, completed.stdout, completed.stderr)
     return completed
 
