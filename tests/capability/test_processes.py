@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +11,7 @@ from pydantic_ai import Agent
 
 from step_persistence import continue_run, from_spec, inspect_recovery, is_provider_valid
 from support.backends import BackendSession, spec_of
+from support.console_script import python_script
 from support.scripted import scripted, text
 
 pytestmark = pytest.mark.anyio
@@ -20,9 +19,7 @@ CHILD = Path(__file__).resolve().parents[1] / 'support' / 'child.py'
 
 
 def run_child(scenario: str, spec: dict[str, Any], *, expect_exit: int = 0) -> dict[str, Any]:
-    completed = subprocess.run(
-        [sys.executable, str(CHILD), scenario, json.dumps(spec)], capture_output=True, text=True, timeout=120
-    )
+    completed = python_script(CHILD, scenario, json.dumps(spec))
     assert completed.returncode == expect_exit, completed.stderr
     return json.loads(completed.stdout) if expect_exit == 0 else {}
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -14,7 +12,7 @@ import pytest
 
 from step_persistence import RunRecord, from_spec
 from support.backends import BACKENDS, BackendSession, spec_of
-from support.console_script import cli
+from support.console_script import cli, python_script
 
 pytestmark = pytest.mark.anyio
 CHILD = Path(__file__).resolve().parents[1] / 'support' / 'child.py'
@@ -42,9 +40,7 @@ async def cli_session(request: pytest.FixtureRequest) -> AsyncIterator[BackendSe
 def populate(spec: dict[str, Any]) -> None:
     """An orchestrator with a delegate, then a worker that crashes mid-tool."""
     for scenario, code in (('delegate', 0), ('crash', 17)):
-        completed = subprocess.run(
-            [sys.executable, str(CHILD), scenario, json.dumps(spec)], capture_output=True, text=True, timeout=120
-        )
+        completed = python_script(CHILD, scenario, json.dumps(spec))
         assert completed.returncode == code, completed.stderr
 
 

@@ -1,11 +1,12 @@
-"""The command line's zygote: imports the whole package once, then runs each command in a forked child.
+"""The tests' zygote: imports the whole package once, then runs each command in a forked child.
 
 Usage: python cli_zygote.py. Prints `ready` once every module is imported (see `import_everything`).
 Then, for each JSON line read on stdin, `{"args": [...], "cwd": ..., "env": {...}, "stdout": path,
 "stderr": path}`, it forks a child that runs `step-persistence ARGS...` as the console script does
-(`step_persistence.cli:main`), in that directory and environment, with its output written to those
-files and its stdin on /dev/null, and prints `{"status": <exit code>}` once the child ended. A child
-still running after `LIMIT_SECONDS` is ended by SIGALRM (status -14).
+(`step_persistence.cli:main`), or `python SCRIPT ARGS...` if the line also has `"script": SCRIPT`, in
+that directory and environment, with its output written to those files and its stdin on /dev/null,
+and prints `{"status": <exit code>}` once the child ended. A child still running after
+`LIMIT_SECONDS` is ended by SIGALRM (status -14).
 
 A command costs a fork instead of a new interpreter importing pydantic-ai, SQLAlchemy and the
 drivers (about 2.5 s each), which made the command-line tests most of the suite's time. The commands
@@ -19,6 +20,7 @@ import inspect
 import json
 import os
 import pkgutil
+import runpy
 import signal
 import sys
 import traceback
@@ -53,8 +55,20 @@ def exit_status(code: Any) -> int:
     return 1
 
 
+def run_request(request: dict[str, Any]) -> None:
+    """`step-persistence ARGS...` (the console script's entry point), or `python SCRIPT ARGS...`."""
+    script = request.get('script')
+    if script is None:
+        sys.argv = ['step-persistence', *request['args']]
+        main()
+        return
+    sys.argv = [script, *request['args']]
+    sys.path[0] = os.path.dirname(script)
+    runpy.run_path(script, run_name='__main__')
+
+
 def run_command(request: dict[str, Any]) -> NoReturn:
-    """In the child: run the console script's entry point on `request`, then exit with its status."""
+    """In the child: run `request` (see `run_request`), then exit with its status."""
     status = 1
     try:
         null = os.open(os.devnull, os.O_RDONLY)
@@ -68,9 +82,8 @@ def run_command(request: dict[str, Any]) -> NoReturn:
         os.environ.clear()
         os.environ.update(request['env'])
         signal.alarm(LIMIT_SECONDS)
-        sys.argv = ['step-persistence', *request['args']]
         try:
-            main()
+            run_request(request)
             status = 0
         except SystemExit as exit:
             status = exit_status(exit.code)

@@ -19,15 +19,14 @@ from __future__ import annotations
 import asyncio
 import json
 import struct
-import sys
 import zlib
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
-from anyio import run_process
 from pydantic_ai import Agent, ModelRetry, RunContext
 from pydantic_ai.messages import BinaryContent
 
@@ -41,6 +40,7 @@ from step_persistence import (
 )
 from step_persistence.protocol import write_steps
 from step_persistence.records import StepWrites, utc_now
+from support.console_script import python_script
 from support.scripted import calls, scripted, text
 
 __all__ = ['CHART_HEIGHT', 'CHART_WIDTH', 'FILLER_AGENT', 'FILLER_RUNS', 'XSS', 'Scenario', 'png', 'write_scenario']
@@ -194,8 +194,8 @@ async def _failing(store: StepStore) -> None:
 
 
 async def _crash(store: StepStore, spec: dict[str, Any]) -> str:
-    completed = await run_process([sys.executable, str(CHILD), 'crash', json.dumps(spec)], check=False)
-    assert completed.returncode == 17, completed.stderr.decode()
+    completed = await anyio.to_thread.run_sync(python_script, CHILD, 'crash', json.dumps(spec))
+    assert completed.returncode == 17, completed.stderr
     [crashed] = await store.list_runs(agent_name='worker')
     return crashed.run_id
 

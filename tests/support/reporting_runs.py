@@ -15,17 +15,17 @@ The in-process agents write through a store keeping at most three snapshots per 
 from __future__ import annotations
 
 import json
-import sys
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
-from anyio import run_process
 from pydantic_ai import Agent, ModelRetry
 
 from step_persistence import RunRecord, StepEvent, StepPersistence, StepStore, from_spec
 from step_persistence.records import utc_now
+from support.console_script import python_script
 from support.scripted import calls, scripted, text
 
 __all__ = ['ORCHESTRATOR_RUN', 'populate']
@@ -101,8 +101,8 @@ def _failing_mailer(store: StepStore) -> Agent[None, str]:
 
 
 async def _crash_in_another_process(spec: dict[str, Any]) -> None:
-    completed = await run_process([sys.executable, str(CHILD), 'crash', json.dumps(spec)], check=False)
-    assert completed.returncode == 17, completed.stderr.decode()
+    completed = await anyio.to_thread.run_sync(python_script, CHILD, 'crash', json.dumps(spec))
+    assert completed.returncode == 17, completed.stderr
 
 
 async def _hand_written_runs(store: StepStore) -> None:
