@@ -15,7 +15,7 @@ from functools import partial
 from pathlib import Path
 
 from support.servers import free_port, start_server, stop_server
-from support.servers.mongo import _answers_ping, _secantus_command
+from support.servers.mongo import _answers_ping, secantus_command
 from support.servers.postgres import (
     SERVER_OPTIONS,
     PostgresServer,
@@ -109,7 +109,7 @@ class PrivateMongo:
 
     def start(self) -> None:
         command = [
-            _secantus_command(),
+            *secantus_command(),
             *('--host', '127.0.0.1', '--port', str(self.port), '--storage-path', str(self.root / 'data')),
             *('--log-level', 'WARNING'),
         ]

@@ -1,16 +1,17 @@
 """A real MongoDB-wire server for the tests: SecantusDB (test-only), or any MongoDB named by `MONGODB_URI`.
 
-`mongo_server` starts one `secantusd-py` per test session on 127.0.0.1 with a free port and a
-storage directory in the session's temporary directory, and waits until it answers a `ping`.
+`mongo_server` starts one SecantusDB server (`secantus_launcher.py`) per test session on 127.0.0.1
+with a free port and a storage directory in the session's temporary directory, and waits until it
+answers a `ping`.
 With `MONGODB_URI` set (e.g. a real mongod 8) the tests use that server instead and start
 nothing. Tests isolate themselves with fresh databases (`MongoServer.scratch`), dropped at the end.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import os
-import shutil
 import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -89,11 +90,12 @@ def _answers_ping(uri: str) -> bool:
         client.close()
 
 
-def _secantus_command() -> str:
-    command = shutil.which('secantusd-py', path=str(Path(sys.executable).parent)) or shutil.which('secantusd-py')
-    if command is None:
-        raise RuntimeError('secantusd-py is not installed: SecantusDB is a test dependency (uv sync installs it)')
-    return command
+def secantus_command() -> list[str]:
+    """The command starting a SecantusDB server (followed by `secantusd-py`'s arguments): see
+    `secantus_launcher.py`."""
+    if importlib.util.find_spec('secantus') is None:
+        raise RuntimeError('SecantusDB is not installed: it is a test dependency (uv sync installs it)')
+    return [sys.executable, str(Path(__file__).with_name('secantus_launcher.py'))]
 
 
 @pytest.fixture(scope='session')
@@ -110,7 +112,7 @@ def mongo_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MongoServ
     log_path = root / 'server.log'
     uri = f'mongodb://127.0.0.1:{port}/?directConnection=true'
     command = [
-        _secantus_command(),
+        *secantus_command(),
         *('--host', '127.0.0.1', '--port', str(port), '--storage-path', str(root / 'data')),
         *('--log-level', 'WARNING'),
     ]
