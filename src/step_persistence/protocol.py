@@ -28,13 +28,24 @@ __all__ = ['BatchingStepStore', 'StepStore', 'batch_writer', 'write_each', 'writ
 class StepStore(Protocol):
     """Durable storage for runs, their event logs, snapshots and tool-effect ledgers.
 
-    Every method is a coroutine and never blocks the event loop. Writes for a run that was never
-    registered raise `LookupError`. A persisted item that cannot be read is skipped and logged by
-    listings, and `latest_snapshot` falls back to the next readable snapshot.
+    Every method is a coroutine and never blocks the event loop. A persisted item that cannot be
+    read is skipped and logged by listings, and `latest_snapshot` falls back to the next readable
+    snapshot.
+
+    A write (`append_event`, `save_snapshot`, `record_tool_effect`, or a batch) for a run that is
+    not stored registers it *bare*: `RunRecord(run_id=..., started_at=<the first write's own
+    timestamp>)`, every other field left empty (an event's or snapshot's `conversation_id`,
+    `agent_name` and `parent_run_id` are the write's, not the run's). A bare run is a run like any
+    other (listed, reported, deleted and pruned as one) until `register_run` fills it in; writes
+    racing to register one run id register it once.
     """
 
     async def register_run(self, record: RunRecord) -> None:
         """Insert a run; raise `ValueError` if its `run_id` is already stored (atomically).
+
+        A bare run (registered by a write) is filled in instead, once: its record becomes `record`
+        (every field, `started_at` too), and it keeps its events, snapshots, tool effects and its
+        place in registration order; a second `register_run` raises `ValueError`.
 
         A `continued` origin whose snapshot another stored run already continued is stored as
         `forked` (atomically too: of two runs continuing one snapshot at once, one is the fork).

@@ -131,14 +131,17 @@ async def test_a_write_whose_caller_is_cancelled_still_lands_before_later_calls(
 async def test_a_write_whose_caller_is_cancelled_logs_its_failure(
     scratch: Scratch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = store_in(scratch)
-    write = asyncio.create_task(store.append_event(StepEvent(run_id='unregistered', kind='run_started', step_index=0)))
+    database = scratch.fresh_database()
+    store = store_in(scratch, database)
+    await store.register_run(RunRecord(run_id='damaged'))
+    await scratch.client[database]['counters'].update_one({'_id': 'damaged'}, {'$set': {'registration': 'text'}})
+    write = asyncio.create_task(store.append_event(StepEvent(run_id='damaged', kind='run_started', step_index=0)))
     await asyncio.sleep(0)
     write.cancel()
     with caplog.at_level(logging.WARNING, logger='step_persistence'), pytest.raises(asyncio.CancelledError):
         await write
     assert any('caller was cancelled failed' in record.getMessage() for record in caplog.records)
-    assert any('LookupError' in record.getMessage() for record in caplog.records)
+    assert any('counters document of run' in record.getMessage() for record in caplog.records)
 
 
 async def test_aclose_waits_for_a_write_whose_cancelled_caller_is_not_awaited(scratch: Scratch) -> None:

@@ -2,8 +2,9 @@
 
 SQLite appends them with one many-row `executemany` (its driver counts the rows inserted);
 PostgreSQL with one multi-row `INSERT ... SELECT ... FROM (VALUES ...)` per run and per
-`EVENTS_PER_STATEMENT` events (asyncpg's `executemany` counts nothing). Either way the count tells
-a repeated idempotency key (skipped) from an unregistered run (`LookupError`).
+`EVENTS_PER_STATEMENT` events (asyncpg's `executemany` counts nothing). Either way a count short of
+the events is a repeated idempotency key (skipped) or a run not stored, which is then registered
+bare and gets its events.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ async def test_events_of_a_batch_are_appended_several_per_statement_in_order(emp
         assert len(inserts) == math.ceil(many / EVENTS_PER_STATEMENT) + 2
 
 
-async def test_a_multi_row_append_skips_repeated_keys_and_refuses_an_unregistered_run(
+async def test_a_multi_row_append_skips_repeated_keys_and_registers_an_unknown_run_bare(
     empty_database: EmptyDatabase,
 ) -> None:
     async with SqlStepStore(empty_database.url) as store:
@@ -56,6 +57,17 @@ async def test_a_multi_row_append_skips_repeated_keys_and_refuses_an_unregistere
         await store.write_batch(StepWrites(events=[_event('a', 0, 'k0'), _event('a', 1, 'k0'), _event('a', 2)]))
         await store.write_batch(StepWrites(events=[_event('a', 3, 'k0'), _event('a', 4)]))
         assert [found.step_index for found in await store.list_events(run_id='a')] == [0, 2, 4]
-        with pytest.raises(LookupError):
-            await store.write_batch(StepWrites(events=[_event('ghost', 0), _event('ghost', 1)]))
-        assert await store.list_events(run_id='ghost') == []
+        mixed = [
+            _event('a', 5, 'k0'),
+            _event('ghost', 0),
+            _event('a', 6),
+            _event('ghost', 1, 'g'),
+            _event('ghost', 2, 'g'),
+        ]
+        await store.write_batch(StepWrites(events=mixed))
+        assert [found.step_index for found in await store.list_events(run_id='a')] == [0, 2, 4, 6]
+        assert [found.step_index for found in await store.list_events(run_id='ghost')] == [0, 1]
+        assert await store.get_run(run_id='ghost') == RunRecord(run_id='ghost', started_at=mixed[1].timestamp)
+        await store.write_batch(StepWrites(events=[_event('a', 7, 'k0'), _event('new', 0, 'k0'), _event('new', 1)]))
+        assert [found.step_index for found in await store.list_events(run_id='a')] == [0, 2, 4, 6]
+        assert [found.step_index for found in await store.list_events(run_id='new')] == [0, 1]

@@ -609,3 +609,58 @@ async def test_events_written_at_0005_read_back_without_usage_and_the_totals_com
         assert await store.list_events(run_id='old') == [*old_events, without_usage]
         [summary], _ = await read_report(store)
         assert [getattr(summary, name) for name in TOTALS] == [0, 0, 0, 0]
+
+
+# --- revision 0007: runs registered by a write (bare) ---
+
+
+async def _runs_columns(url: str) -> dict[str, bool]:
+    """`run_id -> bare` of every row of `runs` (a run without the column: `False`)."""
+    engine = create_async_engine(url)
+    try:
+        async with engine.connect() as connection:
+            found = await connection.run_sync(lambda sync: Table('runs', MetaData(), autoload_with=sync).c)
+            bare = found.get('bare')
+            selected = select(found['run_id'], text('0') if bare is None else bare)
+            return {run_id: bool(flag) for run_id, flag in await connection.execute(selected)}
+    finally:
+        await engine.dispose()
+
+
+async def test_runs_registered_at_0006_stay_registered_and_a_bare_run_outlives_the_downgrade(
+    empty_database: EmptyDatabase,
+) -> None:
+    url = empty_database.url
+    database = Database.from_url(url)
+    try:
+        await upgrade(database, '0006')
+    finally:
+        await database.aclose()
+    engine = create_async_engine(url)
+    try:
+        async with engine.begin() as connection:  # as the code of 0006 registered it
+            await connection.execute(runs.insert().values(run_id='old', metadata={}, started_at=T0))
+    finally:
+        await engine.dispose()
+
+    written = StepEvent(run_id='written', kind='run_started', step_index=0, timestamp=T0)
+    async with SqlStepStore(url) as store:
+        await store.migrate()
+        with pytest.raises(ValueError, match='old'):
+            await store.register_run(RunRecord(run_id='old', agent_name='again'))
+        await store.append_event(written)
+        assert await store.get_run(run_id='written') == RunRecord(run_id='written', started_at=T0)
+    assert await _runs_columns(url) == {'old': False, 'written': True}
+
+    database = Database.from_url(url)
+    try:
+        await downgrade(database, '0006')
+    finally:
+        await database.aclose()
+    assert await _runs_columns(url) == {'old': False, 'written': False}
+    async with SqlStepStore(url) as store:
+        await store.migrate()  # upgrades again: the bare run is now one registered with its id alone
+        assert await store.get_run(run_id='written') == RunRecord(run_id='written', started_at=T0)
+        assert await store.list_events(run_id='written') == [written]
+        with pytest.raises(ValueError, match='written'):
+            await store.register_run(RunRecord(run_id='written', agent_name='late'))

@@ -1,6 +1,7 @@
 """Origins and anchors on SQL, where writers race: two PostgreSQL connections continuing one snapshot store
-one continuation and one fork; a save whose head's snapshot another writer deleted stores its history anew;
-a delete of that snapshot waits for the save in flight and keeps what it uses."""
+one continuation and one fork (also when one fills in a bare run); a save whose head's snapshot another
+writer deleted stores its history anew; a delete of that snapshot waits for the save in flight and keeps
+what it uses."""
 
 from __future__ import annotations
 
@@ -11,14 +12,14 @@ from typing import Any
 
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
-from sqlalchemy import func, select, text
+from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
+from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent
 from step_persistence.records import RunOrigin
 from step_persistence.stores.sql.schema import messages
 from step_persistence.testing.conformance.conversations import chat_history
-from support.databases import EmptyDatabase
+from support.databases import EmptyDatabase, wait_until_a_connection_waits_for_a_lock
 
 pytestmark = pytest.mark.anyio
 
@@ -40,24 +41,6 @@ async def engine(postgres_database: EmptyDatabase) -> AsyncIterator[AsyncEngine]
     await engine.dispose()
 
 
-async def wait_until_a_connection_waits_for_a_lock(engine: AsyncEngine) -> None:
-    """Return once some other connection of this database waits for a lock (a bounded number of looks).
-
-    Each look is a transaction of its own: PostgreSQL reads `pg_stat_activity` once per transaction and
-    shows that snapshot until it ends, so repeated looks in one transaction would never see a later wait.
-    """
-    query = text(
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
-    )
-    async with engine.connect() as observer:
-        for _ in range(10_000):
-            waiting = (await observer.execute(query)).scalar_one()
-            await observer.rollback()
-            if waiting:
-                return
-    raise AssertionError('no connection waited for a lock')
-
-
 @pytest.mark.parametrize('first_commits', [True, False], ids=['first commits', 'first rolls back'])
 async def test_two_connections_continuing_one_snapshot_store_one_continuation(
     engine: AsyncEngine, first_commits: bool
@@ -77,6 +60,35 @@ async def test_two_connections_continuing_one_snapshot_store_one_continuation(
         await second_transaction.commit()
     async with SqlStepStore(engine) as store:
         stored = {run.run_id: run.origin for run in await store.list_runs(origin_run_id='head')}
+    forked = CONTINUED.model_copy(update={'kind': 'forked'})
+    assert stored == ({'tab-1': CONTINUED, 'tab-2': forked} if first_commits else {'tab-2': CONTINUED})
+
+
+@pytest.mark.parametrize('first_commits', [True, False], ids=['first commits', 'first rolls back'])
+async def test_filling_a_bare_run_that_continues_a_snapshot_another_connection_continues(
+    engine: AsyncEngine, first_commits: bool
+) -> None:
+    """The fill of the bare run waits on the partial unique index for the first transaction: the run is
+    stored as a fork if that one commits (the refused fill undone alone, in a savepoint), as the
+    continuation if it rolls back; either way with the event it was registered by."""
+    async with SqlStepStore(engine) as store:
+        await store.append_event(StepEvent(run_id='tab-2', kind='run_started', step_index=0))
+    async with engine.connect() as first, engine.connect() as second:
+        first_transaction, second_transaction = await first.begin(), await second.begin()
+        await SqlStepStore(first, auto_migrate=False).register_run(RunRecord(run_id='tab-1', origin=CONTINUED))
+        racing = asyncio.create_task(
+            SqlStepStore(second, auto_migrate=False).register_run(RunRecord(run_id='tab-2', origin=CONTINUED))
+        )
+        await wait_until_a_connection_waits_for_a_lock(engine)
+        assert not racing.done()
+        await (first_transaction.commit() if first_commits else first_transaction.rollback())
+        await racing
+        await second_transaction.commit()
+    async with SqlStepStore(engine) as store:
+        stored = {run.run_id: run.origin for run in await store.list_runs(origin_run_id='head')}
+        assert [event.kind for event in await store.list_events(run_id='tab-2')] == ['run_started']
+        with pytest.raises(ValueError, match='tab-2'):
+            await store.register_run(RunRecord(run_id='tab-2'))
     forked = CONTINUED.model_copy(update={'kind': 'forked'})
     assert stored == ({'tab-1': CONTINUED, 'tab-2': forked} if first_commits else {'tab-2': CONTINUED})
 

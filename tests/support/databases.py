@@ -104,3 +104,21 @@ def statements_sent(engine: AsyncEngine, prefix: str) -> list[str]:
             sent.append(statement)
 
     return sent
+
+
+async def wait_until_a_connection_waits_for_a_lock(engine: AsyncEngine) -> None:
+    """Return once some other connection of this database waits for a lock (a bounded number of looks).
+
+    Each look is a transaction of its own: PostgreSQL reads `pg_stat_activity` once per transaction and
+    shows that snapshot until it ends, so repeated looks in one transaction would never see a later wait.
+    """
+    query = text(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    async with engine.connect() as observer:
+        for _ in range(10_000):
+            waiting = (await observer.execute(query)).scalar_one()
+            await observer.rollback()
+            if waiting:
+                return
+    raise AssertionError('no connection waited for a lock')

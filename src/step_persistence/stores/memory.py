@@ -23,6 +23,7 @@ from step_persistence.records import (
     merge_tool_effect,
 )
 from step_persistence.retention import retained_seqs, validate_max_snapshots
+from step_persistence.stores._bare import Write, bare_record
 from step_persistence.stores._listing import ConversationFilter, RunFilter, conversation_summaries
 from step_persistence.stores._pruning import PrunesOldRuns
 
@@ -41,6 +42,8 @@ class _StoredSnapshot:
 class _RunData:
     record: RunRecord
     registration: int
+    bare: bool = False
+    """Registered by a write, not yet by `register_run`."""
     events: list[StepEvent] = field(default_factory=list[StepEvent])
     event_keys: set[str] = field(default_factory=set[str])
     snapshots: dict[int, _StoredSnapshot] = field(default_factory=dict[int, _StoredSnapshot])
@@ -63,21 +66,28 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         self._continued: dict[tuple[str, int], str] = {}
         """The run stored as the continuation of each continued snapshot `(run_id, seq)`."""
 
-    def _run(self, run_id: str) -> _RunData:
-        data = self._runs.get(run_id)
+    def _run(self, write: Write) -> _RunData:
+        """The data of the run `write` is for, registering it bare if it is not stored."""
+        data = self._runs.get(write.run_id)
         if data is None:
-            raise LookupError(f'run {run_id!r} is not registered')
+            data = _RunData(record=bare_record(write), registration=next(self._registrations), bare=True)
+            self._runs[write.run_id] = data
         return data
 
     async def register_run(self, record: RunRecord) -> None:
-        if record.run_id in self._runs:
+        """Insert the run, or fill in a bare one (keeping its writes and its place in registration order)."""
+        stored = self._runs.get(record.run_id)
+        if stored is not None and not stored.bare:
             raise ValueError(f'run {record.run_id!r} is already registered')
         origin = record.origin
         if origin is not None and origin.kind == 'continued' and (origin.run_id, origin.seq) in self._continued:
             record = record.model_copy(update={'origin': origin.model_copy(update={'kind': 'forked'})})
         elif origin is not None and origin.kind == 'continued':
             self._continued[origin.run_id, origin.seq] = record.run_id
-        self._runs[record.run_id] = _RunData(record=record, registration=next(self._registrations))
+        if stored is None:
+            self._runs[record.run_id] = _RunData(record=record, registration=next(self._registrations))
+        else:
+            stored.record, stored.bare = record, False
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         require_text('run_id', run_id)
@@ -121,7 +131,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return None
 
     async def append_event(self, event: StepEvent) -> None:
-        data = self._run(event.run_id)
+        data = self._run(event)
         if event.idempotency_key is not None:
             if event.idempotency_key in data.event_keys:
                 return
@@ -134,7 +144,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return [] if data is None else list(data.events)
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        data = self._run(snapshot.run_id)
+        data = self._run(snapshot)
         key = snapshot.idempotency_key
         if key is not None:
             if key in data.snapshot_keys:
@@ -176,7 +186,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return [self._materialize(stored) for stored in self._matching(run_id, include_interrupted)]
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        data = self._run(record.run_id)
+        data = self._run(record)
         data.effects[record.tool_call_id] = merge_tool_effect(data.effects.get(record.tool_call_id), record)
 
     async def get_tool_effect(self, *, run_id: str, tool_call_id: str) -> ToolEffectRecord | None:

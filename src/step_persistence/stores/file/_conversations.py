@@ -4,9 +4,11 @@
 with an `agent_name`, in `agents/<agent key>/`), named `<start>.<registration>.<run_id>` with
 fixed-width numbers, so names sort in `list_runs` order. An entry is a hard link to the run's
 `run.json`: it counts only while it is the very file `<run_id>/run.json` names (two `lstat`s, no
-read), so an entry left by a registration or deletion that crashed halfway, or by an earlier
-registration of the same run id, never counts. (In a copy of the store made without its hard
-links, an entry and a `run.json` each linked once are compared by the registration stamp, read.)
+read), so an entry left by a registration, a bare run's filling or a deletion that crashed halfway,
+or by an earlier registration of the same run id, never counts. (In a copy of the store made
+without its hard links, an entry and a `run.json` each linked once are compared by the registration
+stamp and their bytes, read.) An entry is made before the `run.json` it links appears (the
+registration's or the filling's, staged), replacing one of the same name a crashed filling left.
 
 **Markers.** Per conversation (and per agent within it) one empty file `@latest/<scope>/<start>.<key>`
 is named by the start of its newest run, so the conversations with the newest runs are found by
@@ -107,7 +109,7 @@ class ConversationIndex:
             try:
                 for scope in _scopes(record):
                     self._raise(paths, scope, entry.start)
-                    linked.append(self._link(paths, scope, entry, run_file))
+                    linked.append(self._link(paths, scope, entry, run_file, replace=True))
                 yield
             except BaseException:
                 for path in linked:
@@ -131,11 +133,16 @@ class ConversationIndex:
                 self.io.sync_directory(directory)
                 self._settle(paths, scope)
 
-    def _link(self, paths: ConversationPaths, scope: str, entry: Entry, run_file: Path) -> Path:
+    def _link(
+        self, paths: ConversationPaths, scope: str, entry: Entry, run_file: Path, *, replace: bool = False
+    ) -> Path:
+        """Link the entry to `run_file`; an entry of that name already there stays, unless `replace`."""
         directory = paths.entries(scope)
         directory.mkdir(parents=True, exist_ok=True)
         real_directory(directory)
         path = directory / entry.name
+        if replace:
+            path.unlink(missing_ok=True)  # a new run.json is not there yet: no reader misses the entry
         with suppress(FileExistsError):
             os.link(run_file, path)
         self.io.sync_directory(directory)
@@ -210,7 +217,7 @@ class ConversationIndex:
 
     def _is_valid(self, directory: Path, entry: Entry) -> bool:
         """Whether the entry stands for the run's current registration: it is that `run.json` (or, in a
-        copy of the store made without its hard links, the run has the entry's stamp)."""
+        copy of the store made without its hard links, the run has the entry's stamp and bytes)."""
         paths = run_paths(self.root, entry.run_id)
         try:
             linked = os.lstat(directory / entry.name)
@@ -222,7 +229,8 @@ class ConversationIndex:
         if linked.st_nlink != 1 or current.st_nlink != 1:
             return False
         try:
-            return read_stamp(self.io, paths) == entry.registered_ns
+            same = self.io.read_all(directory / entry.name) == self.io.read_all(paths.run_file)
+            return same and read_stamp(self.io, paths) == entry.registered_ns
         except (OSError, ValueError):
             return False
 

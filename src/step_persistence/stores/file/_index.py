@@ -13,6 +13,7 @@ from collections.abc import Iterator
 
 from step_persistence.records import RunRecord, SnapshotState, ToolEffectRecord
 from step_persistence.retention import retained_seqs
+from step_persistence.stores._bare import looks_bare
 from step_persistence.stores._positions import RunHead
 from step_persistence.stores.file._codec import (
     LineView,
@@ -157,10 +158,14 @@ class RunIndex:
             self._start_over()
 
     def record(self, io: FileIo) -> RunRecord:
-        """The run's record (`run.json` is written once per incarnation)."""
-        if self._record is None:
-            self._record, self._stamp = read_record(io, self.paths)
-        return self._record
+        """The run's record (`run.json` is written once per incarnation, but for a bare run's, which its
+        filling `register_run` replaces: that one is read each time)."""
+        if self._record is not None:
+            return self._record
+        record, stamp = read_record(io, self.paths)
+        if not looks_bare(record):
+            self._record, self._stamp = record, stamp
+        return record
 
     def stamp(self, io: FileIo) -> int:
         """The run's registration stamp (written once per incarnation, like its record)."""

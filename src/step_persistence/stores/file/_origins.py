@@ -3,10 +3,11 @@
 Each snapshot some run registered to continue has a marker `@origins/<key>` (`key`: the SHA-256 of
 the origin's run id and seq, never the raw id) naming the run that continues it and that run's
 incarnation token. A registration takes the marker's lock (`flock`, exclusive) and keeps it until
-its run directory is in place: if the marker names a run that is stored with that token, the new
-run is a fork; otherwise (no marker, an empty one, or one naming a run that was deleted or never
-got registered because its registrant crashed) the marker is written to name the new run. Deleting
-the continuing run removes the marker, which frees the snapshot for another continuation.
+its run directory is in place (or, filling in a bare run, its `run.json`): if the marker names a run
+that is stored with that token and that origin in its record, the new run is a fork; otherwise (no
+marker, an empty one, or one naming a run that was deleted, never got registered or filled in
+because its registrant crashed) the marker is written to name the new run. Deleting the continuing
+run removes the marker, which frees the snapshot for another continuation.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from step_persistence.records import RunOrigin
 from step_persistence.stores.file._io import FileIo, UnsafePath, open_unlinked, real_directory
 from step_persistence.stores.file._layout import ORIGINS_DIRECTORY_NAME, is_run_directory_name, run_paths, text_key
 from step_persistence.stores.file._locking import TOKEN_LENGTH, locked_file
+from step_persistence.stores.file._run_files import read_record
 
 __all__ = ['OriginClaims']
 
@@ -56,7 +58,7 @@ class OriginClaims:
             missing=lambda: FileNotFoundError(f'{marker} vanished'),  # O_CREAT: never raised
         ) as fd:
             previous = self.io.read_fd(fd, _MARKER_BYTES)
-            if self._continues(previous):
+            if self._continues(previous, origin):
                 yield origin.model_copy(update={'kind': 'forked'})
                 return
             self._write(fd, f'{run_id}\n{incarnation}'.encode('ascii'))
@@ -80,21 +82,27 @@ class OriginClaims:
         except FileNotFoundError:
             return
 
-    def _continues(self, content: bytes) -> bool:
-        """Whether the marker's `content` names a run that is stored, in the registration it names."""
+    def _continues(self, content: bytes, origin: RunOrigin) -> bool:
+        """Whether the marker's `content` names a run that is stored, in the registration it names, with
+        `origin` in its record (a filling that crashed left the marker, not the record)."""
         run_id, _, incarnation = content.decode('ascii', errors='replace').partition('\n')
         if not is_run_directory_name(run_id) or len(incarnation) != TOKEN_LENGTH:
             return False
-        lock_file = run_paths(self.root, run_id).lock_file
+        paths = run_paths(self.root, run_id)
         try:
-            real_directory(lock_file.parent)
-            fd = open_unlinked(lock_file, os.O_RDONLY)
+            real_directory(paths.directory)
+            fd = open_unlinked(paths.lock_file, os.O_RDONLY)
         except (FileNotFoundError, NotADirectoryError, UnsafePath):
             return False
         try:
-            return self.io.read_fd(fd, TOKEN_LENGTH).decode('ascii', errors='replace') == incarnation
+            if self.io.read_fd(fd, TOKEN_LENGTH).decode('ascii', errors='replace') != incarnation:
+                return False
         finally:
             os.close(fd)
+        try:
+            return read_record(self.io, paths)[0].origin == origin
+        except (OSError, ValueError):
+            return True  # a record that cannot be read: the marker is trusted, as before records were checked
 
     def _write(self, fd: int, content: bytes) -> None:
         os.ftruncate(fd, 0)

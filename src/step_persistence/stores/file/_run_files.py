@@ -4,7 +4,11 @@
 and `jq .agent_name run.json` prints a field. The registration stamp (nanoseconds, strictly
 increasing within a process: it orders runs registered with the same `started_at` and names the
 run's conversation entries) is kept beside it in `registration.json`, `{"registered_ns": <int>}`.
-Both are written once, when the run is registered, and never rewritten.
+Both are written once, when the run is registered, and never rewritten, but for a bare run (registered
+by a write, `stores/_bare.py`): its `registration.json` also holds `"bare": true`, and the
+`register_run` filling it in replaces `run.json` (its commit), then writes `registration.json`
+without the mark, keeping the stamp. A run is bare while both say so (`read_registration`): a fill
+that crashed between the two left a filled `run.json`, which counts.
 
 Directories written before issue 19 hold both in `run.json` alone, `{"run": <RunRecord>,
 "registered_ns": <int>}`, and no `registration.json`. They are read as they are (never rewritten:
@@ -19,6 +23,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, StrictInt, ValidationError
 
 from step_persistence.records import RunRecord
+from step_persistence.stores._bare import looks_bare
 from step_persistence.stores.file._codec import indented, json_object, natural_number
 from step_persistence.stores.file._io import FileIo
 from step_persistence.stores.file._layout import RunPaths
@@ -28,6 +33,7 @@ __all__ = [
     'dump_run_file',
     'load_run_file',
     'read_record',
+    'read_registration',
     'read_run',
     'read_stamp',
     'stored_run_id',
@@ -39,9 +45,10 @@ def dump_run_file(record: RunRecord) -> bytes:
     return indented(record.model_dump(mode='json'))
 
 
-def dump_registration_file(registered_ns: int) -> bytes:
-    """`registration.json`: the stamp that orders runs registered at the same instant."""
-    return indented({'registered_ns': registered_ns})
+def dump_registration_file(registered_ns: int, *, bare: bool = False) -> bytes:
+    """`registration.json`: the stamp that orders runs registered at the same instant (and, for a bare run,
+    its mark)."""
+    return indented({'registered_ns': registered_ns, 'bare': True} if bare else {'registered_ns': registered_ns})
 
 
 class _WrappedRunFile(BaseModel):
@@ -86,9 +93,13 @@ def stored_run_id(data: bytes) -> object:
     return record.get('run_id') if isinstance(record, dict) else None
 
 
-def _load_registration_file(data: bytes) -> int:
+def _load_registration_file(data: bytes) -> tuple[int, bool]:
+    """The stamp and whether the file marks the run bare."""
     value = json_object(data, 'registration file')
-    return natural_number(value.get('registered_ns'), 'registered_ns')
+    bare = value.get('bare', False)
+    if not isinstance(bare, bool):
+        raise ValueError(f'bare must be true or false, got {bare!r}')
+    return natural_number(value.get('registered_ns'), 'registered_ns'), bare
 
 
 def read_record(io: FileIo, paths: RunPaths) -> tuple[RunRecord, int | None]:
@@ -99,15 +110,25 @@ def read_record(io: FileIo, paths: RunPaths) -> tuple[RunRecord, int | None]:
 def read_run(io: FileIo, paths: RunPaths) -> tuple[RunRecord, int]:
     """The run's record and registration stamp."""
     record, stamp = read_record(io, paths)
-    return record, _load_registration_file(io.read_all(paths.registration_file)) if stamp is None else stamp
+    return record, _load_registration_file(io.read_all(paths.registration_file))[0] if stamp is None else stamp
 
 
 def read_stamp(io: FileIo, paths: RunPaths) -> int:
     """The run's registration stamp: `registration.json`, or, in a run written before it, `run.json`."""
     try:
-        return _load_registration_file(io.read_all(paths.registration_file))
+        return _load_registration_file(io.read_all(paths.registration_file))[0]
     except FileNotFoundError:
         stamp = read_record(io, paths)[1]
     if stamp is None:
         raise ValueError(f'{paths.registration_file} is missing')
     return stamp
+
+
+def read_registration(io: FileIo, paths: RunPaths) -> tuple[int, bool]:
+    """The run's registration stamp, and whether the run is bare (its `registration.json` marks it so and its
+    `run.json` holds a bare run's record)."""
+    try:
+        stamp, bare = _load_registration_file(io.read_all(paths.registration_file))
+    except FileNotFoundError:
+        return read_stamp(io, paths), False
+    return stamp, bare and looks_bare(read_record(io, paths)[0])

@@ -81,11 +81,17 @@ class RunSessions:
         async with self._turns.turn(run_id):
             return await self.in_thread(function)
 
-    async def write(self, run_id: str, write: Callable[[RunIndex], T]) -> T:
-        """In the run's turn: `write(index)` under the run's exclusive lock; `RunNotRegistered` for an unknown run."""
-        return await self.in_turn(run_id, partial(self._write, run_id, write))
+    async def write(self, run_id: str, write: Callable[[RunIndex], T], *, register: Callable[[], None]) -> T:
+        """In the run's turn: `write(index)` under the run's exclusive lock; for a run that is not stored,
+        `register()` first (from the worker thread, in the turn), then the write."""
+        return await self.in_turn(run_id, partial(self._write, run_id, write, register))
 
-    def _write(self, run_id: str, write: Callable[[RunIndex], T]) -> T:
+    def _write(self, run_id: str, write: Callable[[RunIndex], T], register: Callable[[], None]) -> T:
+        try:
+            with self.session(run_id, exclusive=True) as index:
+                return write(index)
+        except RunNotRegistered:
+            register()
         with self.session(run_id, exclusive=True) as index:
             return write(index)
 

@@ -39,6 +39,7 @@ from step_persistence.records import (
     merge_tool_effect,
 )
 from step_persistence.retention import validate_max_snapshots
+from step_persistence.stores._bare import Write, bare_record, first_write
 from step_persistence.stores._idempotency import first_per_key
 from step_persistence.stores._listing import ConversationFilter, RunFilter, conversation_summaries
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
@@ -74,6 +75,7 @@ from step_persistence.stores.file._run_files import (
     dump_registration_file,
     dump_run_file,
     read_record,
+    read_registration,
     read_run,
     read_stamp,
 )
@@ -119,6 +121,10 @@ class _RegistrationClock:
 
 
 _REGISTRATION_CLOCK = _RegistrationClock()
+
+
+class _RunExists(Exception):
+    """The directory of a run being created is there already."""
 
 
 class FileStepStore(PrunesOldRuns, ClosesOnExit):
@@ -221,7 +227,17 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         await self._runs.in_turn(record.run_id, partial(self._register_run, record))
 
     def _register_run(self, record: RunRecord) -> None:
-        """Stage the run's directory, claim its origin and index it, then rename it into place."""
+        """Create the run, or fill in its bare one; `ValueError` if it is registered already."""
+        if not self._create_run(record, bare=False):
+            self._fill_bare_run(record)
+
+    def _register_bare(self, first: Write) -> None:
+        """Create the bare run `first`, its first write, registers (unless another writer just did)."""
+        self._create_run(bare_record(first), bare=True)
+
+    def _create_run(self, record: RunRecord, *, bare: bool) -> bool:
+        """Stage the run's directory, claim its origin and index it, then rename it into place; `False` (and
+        nothing changed) if the run's directory exists."""
         paths = run_paths(self.directory, record.run_id)
         staging = self._work_directory() / f'register-{secrets.token_hex(8)}'
         self._conversations.ensure_indexed(self._read_all_runs)
@@ -234,7 +250,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
                 stored = record if origin == record.origin else record.model_copy(update={'origin': origin})
                 self._io.create(staged.lock_file, incarnation.encode('ascii'))
                 self._io.create(staged.run_file, dump_run_file(stored))
-                self._io.create(staged.registration_file, dump_registration_file(registered_ns))
+                self._io.create(staged.registration_file, dump_registration_file(registered_ns, bare=bare))
                 for journal in staged.journals:
                     self._io.create(journal, b'')
                 staged.snapshots.mkdir()
@@ -244,11 +260,36 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
                         os.rename(staging, paths.directory)
                     except OSError as error:
                         if error.errno in (errno.EEXIST, errno.ENOTEMPTY):
-                            raise ValueError(f'run {record.run_id!r} is already registered') from None
+                            raise _RunExists from None
                         raise
                     self._io.sync_directory(self.directory)
+        except _RunExists:  # the claims and entries are taken back by now
+            return False
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+        return True
+
+    def _fill_bare_run(self, record: RunRecord) -> None:
+        """Under the run's lock: claim its origin and index it, then replace its `run.json` and unmark it
+        (`_run_files.py`); `ValueError` if the run is not bare. Its stamp, incarnation and files stay."""
+        with self._runs.session(record.run_id, exclusive=True) as index:
+            paths = index.paths
+            registered_ns, bare = read_registration(self._io, paths)
+            if not bare:
+                raise ValueError(f'run {record.run_id!r} is already registered')
+            staging = self._work_directory() / f'fill-{secrets.token_hex(8)}'
+            staging.mkdir()
+            try:
+                with self._origins.claiming(record.origin, record.run_id, str(index.incarnation)) as origin:
+                    stored = record if origin == record.origin else record.model_copy(update={'origin': origin})
+                    staged = staging / RUN_FILE_NAME
+                    self._io.create(staged, dump_run_file(stored))
+                    with self._conversations.registering(stored, registered_ns, staged):
+                        os.rename(staged, paths.run_file)
+                        self._io.sync_directory(paths.directory)
+                    self._io.write_atomic(paths.registration_file, dump_registration_file(registered_ns))
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
 
     def _work_directory(self) -> Path:
         """`@tmp`, created if needed; `UnsafePath` if it is a symbolic link (staging would happen elsewhere)."""
@@ -492,10 +533,15 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         index.snapshots.catch_up(self._io)
         return {view.line for view in index.snapshots.views()}
 
+    async def _write(self, first: Write, write: Callable[[RunIndex], None]) -> None:
+        """`write(index)` of the run of `first` (the call's first write), registering the run bare if it is
+        not stored."""
+        await self._runs.write(first.run_id, write, register=partial(self._register_bare, first))
+
     # --- events ---
 
     async def append_event(self, event: StepEvent) -> None:
-        await self._runs.write(event.run_id, partial(self._append_events, events=[event]))
+        await self._write(event, partial(self._append_events, events=[event]))
 
     def _append_events(self, index: RunIndex, events: Sequence[StepEvent]) -> None:
         """Append `events` in one write, but those whose idempotency key the run (or an earlier one of them) used."""
@@ -521,7 +567,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     # --- snapshots ---
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
-        await self._runs.write(snapshot.run_id, partial(self._save_snapshot, snapshot=snapshot))
+        await self._write(snapshot, partial(self._save_snapshot, snapshot=snapshot))
 
     def _save_snapshot(self, index: RunIndex, snapshot: ContinuableSnapshot) -> None:
         key = snapshot.idempotency_key
@@ -616,7 +662,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     # --- tool effects ---
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
-        await self._runs.write(record.run_id, partial(self._record_tool_effects, records=[record]))
+        await self._write(record, partial(self._record_tool_effects, records=[record]))
 
     def _record_tool_effects(self, index: RunIndex, records: Sequence[ToolEffectRecord]) -> None:
         """Upsert `records` in order, appending the merged records in one write."""
@@ -645,8 +691,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         if len(run_ids) != 1:
             await write_each(self, writes)
             return
-        (run_id,) = run_ids
-        await self._runs.write(run_id, partial(self._write_batch, writes=writes))
+        first = first_write(writes.tool_effects, writes.events, writes.snapshots)
+        await self._write(first, partial(self._write_batch, writes=writes))
 
     def _write_batch(self, index: RunIndex, writes: StepWrites) -> None:
         self._record_tool_effects(index, writes.tool_effects)

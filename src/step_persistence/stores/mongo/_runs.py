@@ -12,20 +12,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from pymongo import DESCENDING
+from pymongo import DESCENDING, ReturnDocument
 from pymongo.asynchronous.collection import AsyncCollection
 from pymongo.errors import DuplicateKeyError
 
 from step_persistence._arguments import require_text
 from step_persistence._reading import read_each
 from step_persistence.records import RunRecord, SnapshotRef
+from step_persistence.stores._bare import Write, bare_record
 from step_persistence.stores._listing import RunFilter
 from step_persistence.stores.mongo._client import Database
 from step_persistence.stores.mongo._documents import run_document, run_from_document
 from step_persistence.stores.mongo._indexes import CONTINUED_ORIGIN_INDEX, is_duplicate_on
 from step_persistence.stores.mongo._lifecycle import RUN_ORDER
 
-__all__ = ['find_runs', 'find_snapshot', 'insert_run', 'run_query']
+__all__ = ['fill_bare_run', 'find_runs', 'find_snapshot', 'insert_bare_run', 'insert_run', 'run_query']
 
 _NEWEST_FIRST = [(name, DESCENDING) for name, _ in RUN_ORDER]
 
@@ -88,6 +89,45 @@ async def insert_run(runs: AsyncCollection[dict[str, Any]], record: RunRecord, r
     except DuplicateKeyError:
         raise ValueError(f'run {record.run_id!r} is already registered') from None
     return forked
+
+
+async def insert_bare_run(runs: AsyncCollection[dict[str, Any]], write: Write, registration: int) -> bool:
+    """Insert the document of the bare run `write` (its first write) registers; `False` if the run is stored."""
+    try:
+        await runs.insert_one({**run_document(bare_record(write), registration=registration), 'bare': True})
+    except DuplicateKeyError:
+        return False
+    return True
+
+
+async def fill_bare_run(runs: AsyncCollection[dict[str, Any]], record: RunRecord) -> tuple[RunRecord, int] | None:
+    """Fill in the run's bare document with `record`; the record as stored and the run's `registration` (that of
+    its first write), or `None` if the run is not bare. A `continued` origin is stored as `insert_run` does."""
+    try:
+        return await _fill(runs, record)
+    except DuplicateKeyError as error:
+        if record.origin is None or not is_duplicate_on(
+            error.details or {}, CONTINUED_ORIGIN_INDEX, ('origin.run_id', 'origin.seq')
+        ):
+            raise
+    return await _fill(runs, record.model_copy(update={'origin': record.origin.model_copy(update={'kind': 'forked'})}))
+
+
+async def _fill(runs: AsyncCollection[dict[str, Any]], record: RunRecord) -> tuple[RunRecord, int] | None:
+    fields = run_document(record, registration=0)
+    del fields['_id'], fields['registration']
+    filled = await runs.find_one_and_update(
+        {'_id': record.run_id, 'bare': True},
+        {'$set': fields, '$unset': {'bare': ''}},
+        projection={'registration': 1},
+        return_document=ReturnDocument.AFTER,
+    )
+    if filled is None:
+        return None
+    registration = filled.get('registration')
+    if isinstance(registration, bool) or not isinstance(registration, int):
+        raise ValueError(f'the document of run {record.run_id!r} is damaged (registration is {registration!r})')
+    return record, registration
 
 
 async def find_snapshot(database: Database, *, conversation_id: str, history_digest: str) -> SnapshotRef | None:

@@ -8,6 +8,9 @@ exactly the effect of its calls in order by construction:
    snapshots need are packed (payloads moved to the media store). A failure here writes nothing.
 2. One `$inc` on the run's counters document allocates every event and snapshot number at once
    and proves the run is registered (a batch of tool effects alone checks the run once per store).
+   A run that is not stored is registered bare first (`stores/_bare.py`: its document, then its
+   counters; a concurrent first write that inserted the document first wins, and its counters are
+   made by whichever allocation needs them first).
 3. Then one ordered `bulk_write` of tool-effect upserts, one `insert_many` of events, one of
    message documents (plus a `lines` document and one more only when another writer appended to
    the line meanwhile: the save branches, `_histories.py`), one of snapshots, and retention once
@@ -29,6 +32,7 @@ from pymongo.errors import BulkWriteError
 from step_persistence._history import history_digest
 from step_persistence.records import ContinuableSnapshot, StepEvent, StepWrites, ToolEffectRecord
 from step_persistence.retention import retained_seqs
+from step_persistence.stores._bare import Write, first_write
 from step_persistence.stores._idempotency import first_per_key
 from step_persistence.stores._positions import RunHead
 from step_persistence.stores.mongo._client import Database
@@ -46,6 +50,7 @@ from step_persistence.stores.mongo._known_runs import KnownRuns
 from step_persistence.stores.mongo._limits import WIDEST_NUMBER, check_document_size
 from step_persistence.stores.mongo._lines import LineBases
 from step_persistence.stores.mongo._messages import MessageStore
+from step_persistence.stores.mongo._runs import insert_bare_run
 
 __all__ = ['RunWriter', 'RunWrites', 'by_run']
 
@@ -137,18 +142,24 @@ class RunWriter:
         if head is not None:
             await histories.prepare(head)
 
+        first = first_write(writes.tool_effects, writes.events, writes.snapshots)
         increments = {name: count for name, count in (('event', len(events)), ('snapshot', len(snapshots))) if count}
-        allocation = await self._counters.allocate(run_id, **increments) if increments else None
-        if allocation is None:
-            await self._require_run(run_id)
-        else:
+        if increments:
+            try:
+                allocation: Allocation | None = await self._counters.allocate(run_id, **increments)
+            except LookupError:
+                await self._register_bare(first)
+                allocation = await self._counters.allocate(run_id, **increments)
             self._known_runs.add(run_id)
+        else:
+            allocation = None
+            await self._require_run(first)
 
         await self._upsert_effects(effect_updates)
         if allocation is not None and events:
-            first = allocation.last['event'] - len(events) + 1
+            first_seq = allocation.last['event'] - len(events) + 1
             await _insert_keyed(
-                self._events, [event_document(event, seq=first + index) for index, event in enumerate(events)]
+                self._events, [event_document(event, seq=first_seq + index) for index, event in enumerate(events)]
             )
         if allocation is not None and head is not None:
             await self._save_snapshots(run_id, snapshots, histories, head, allocation)
@@ -159,12 +170,20 @@ class RunWriter:
         key = {'run_id': record.run_id, 'tool_call_id': record.tool_call_id}
         return UpdateOne(key, {'$set': fields}, upsert=True)
 
-    async def _require_run(self, run_id: str) -> None:
+    async def _require_run(self, first: Write) -> None:
+        """Make sure the run of `first` (its first write in the batch) is stored, registering it bare if not."""
+        run_id = first.run_id
         if self._known_runs.knows(run_id):
             return
         if await self._runs.find_one({'_id': run_id}, {'_id': 1}) is None:
-            raise LookupError(f'run {run_id!r} is not registered')
+            await self._register_bare(first)
         self._known_runs.add(run_id)
+
+    async def _register_bare(self, first: Write) -> None:
+        """Register the run of `first` bare, unless a concurrent write or registration stored it first."""
+        registration = await self._counters.next_registration()
+        if await insert_bare_run(self._runs, first, registration):
+            await self._counters.start_run(first.run_id, registration)
 
     async def _upsert_effects(self, updates: list[UpdateOne]) -> None:
         """Apply the upserts in order; one that lost an insert race to a concurrent upsert is retried once."""

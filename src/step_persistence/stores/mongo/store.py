@@ -57,7 +57,7 @@ from step_persistence.stores.mongo._lines import LineBases
 from step_persistence.stores.mongo._loops import PerLoop
 from step_persistence.stores.mongo._messages import MessageStore
 from step_persistence.stores.mongo._reclaiming import collect_media, release_lines
-from step_persistence.stores.mongo._runs import find_runs, find_snapshot, insert_run, run_query
+from step_persistence.stores.mongo._runs import fill_bare_run, find_runs, find_snapshot, insert_run, run_query
 from step_persistence.stores.mongo._writes import RunWriter, RunWrites, by_run
 from step_persistence.stores.mongo.media_store import MongoMediaStore
 
@@ -183,10 +183,20 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
 
     @staticmethod
     async def _register_run(on: _OnLoop, record: RunRecord) -> None:
+        """Insert the run's document, or fill in its bare one (which keeps its registration number)."""
         await on.indexes.ensure()
         check_document_size(run_document(record, registration=0), what='the run record', run_id=record.run_id)
         registration = await on.counters.next_registration()
-        stored = await insert_run(on.runs, record, registration)
+        try:
+            stored = await insert_run(on.runs, record, registration)
+        except ValueError:
+            filled = await fill_bare_run(on.runs, record)
+            if filled is None:
+                raise
+            stored, registration = filled
+            await on.conversations.added(stored, registration)
+            on.known_runs.forget_head(record.run_id)  # its head: what it saved while bare, or its origin's view
+            return
         await on.counters.start_run(record.run_id, registration)
         await on.conversations.added(stored, registration)
         on.known_runs.remember(record.run_id, Registered(registration=registration, origin=stored.origin))

@@ -123,6 +123,9 @@ class Run(Base):
     origin_seq: Mapped[int | None] = mapped_column(BigInteger)
     last_snapshot_seq: Mapped[int] = mapped_column(BigInteger, server_default=text('0'))
     """The highest snapshot sequence number handed out for this run."""
+    bare: Mapped[bool] = mapped_column(Boolean, server_default=text('false'))
+    """Registered by a write (`stores/_bare.py`), not yet by `register_run`, whose one call fills the row in
+    (revision 0007; runs stored before it were all registered)."""
 
 
 class Conversation(Base):

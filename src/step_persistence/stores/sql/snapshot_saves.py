@@ -16,17 +16,18 @@ One `write_batch` (a flush: tool effects, events and snapshots), in order:
 1. Before any transaction (`_prepare`): each run's head comes from the cache, or from a read
    transaction of its own (`heads.read_head`: the view of the run's newest snapshot, else of its
    origin snapshot, whose message rows are not read when its stored `history_digest` shows that
-   the history being saved starts with that view). `plan_saves` finds the rows each snapshot adds;
-   those messages are packed through the media policy. Blobs bound for this database's
-   `SqlMediaStore` are staged (`StagedBlobs`) for the transaction; blobs for any other media store
-   are stored now. With `media_store=None` a message is its own bytes: a head that is not cached
-   is read inside the transaction, and the rows are packed there.
+   the history being saved starts with that view; a run not stored yet has none). `plan_saves`
+   finds the rows each snapshot adds; those messages are packed through the media policy. Blobs
+   bound for this database's `SqlMediaStore` are staged (`StagedBlobs`) for the transaction; blobs
+   for any other media store are stored now. With `media_store=None` a message is its own bytes: a
+   head that is not cached is read inside the transaction, and the rows are packed there.
 2. One write transaction (`_write`; on SQLite `BEGIN IMMEDIATE`): the staged blob rows, the tool
    effects and events (`writes.py`), then per snapshot, in order (`_save`):
    a. the snapshot's idempotency key, if any, is claimed (a key the run used already ends the
       save: the run has that snapshot); then one `UPDATE runs ... RETURNING` (on PostgreSQL the
       same statement as the claim) takes the run's next `last_snapshot_seq`. It holds the run's
-      row until commit, so writers of one run, in any process, take turns here;
+      row until commit, so writers of one run, in any process, take turns here. A run not stored
+      is registered bare (`writes.py`) and both taken again;
    b. the head must belong to this registration of the run and its anchor must still be stored
       (`heads.anchor_exists`: on PostgreSQL the anchor's row is locked `FOR KEY SHARE`, so a delete
       of it waits for this commit, and finds the rows in use); otherwise the head is read again,
@@ -51,6 +52,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 from step_persistence._history import EncodedMessage, history_digest
 from step_persistence._lru import BoundedLru
@@ -67,7 +69,7 @@ from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.heads import Anchor, KnownHead, anchor_exists, read_head, require_key
 from step_persistence.stores.sql.rows import RUN_KEY, StoredHistory
 from step_persistence.stores.sql.statements import WriteStatements
-from step_persistence.stores.sql.writes import Writes, require_run
+from step_persistence.stores.sql.writes import Writes
 
 __all__ = ['HEADS_CACHED', 'NeedsPacking', 'SnapshotSaves']
 
@@ -174,7 +176,7 @@ class SnapshotSaves:
             self._remember(record.run_id, KnownHead(own, source.anchor))
 
     def forget(self, run_id: str) -> None:
-        """Drop the head of a run just deleted."""
+        """Drop the head of a run just deleted, or just filled in from bare (read again at its next save)."""
         if self._heads is not None:
             self._heads.pop(run_id)
 
@@ -218,8 +220,8 @@ class SnapshotSaves:
             known = None if run_id == refresh else self._cached(run_id)
             if known is None:
                 known = await self._read_head(run_id, digests)
-            if known is not None:  # an unknown run: the transaction raises LookupError
-                prepared.heads[run_id] = known.copy()
+            # A run not stored: its first save (`_allocate` registers it bare) starts from no view.
+            prepared.heads[run_id] = KnownHead(RunHead(incarnation=None)) if known is None else known.copy()
         for digest, message in _new_messages(prepared.heads, snapshots).items():
             if _has_no_media(message, media.threshold_bytes):
                 prepared.packed[digest] = PackedMessage(message.data, externalized=False)
@@ -289,11 +291,35 @@ class SnapshotSaves:
         """Take the snapshot's sequence number; `None` if its key was used.
 
         Where the dialect can (`WriteStatements.allocate_on_line`), the same statement checks the head
-        `known` and takes the line's numbers for `plan`: the allocation says whether it did.
-        Raises `LookupError` for an unregistered run.
+        `known` and takes the line's numbers for `plan`: the allocation says whether it did. A run
+        that is not stored is registered bare (`Writes.register_bare`), and the number taken again.
         """
         run_id = snapshot.run_id
-        parameters: dict[str, object] = {RUN_KEY: run_id}
+        allocated = self._take(transaction, snapshot, known, plan)
+        if allocated is None:
+            self._writes.register_bare(transaction, snapshot)
+            allocated = self._take(transaction, snapshot, None, None)
+        if allocated is None:
+            if snapshot.idempotency_key is not None:
+                return None  # the run used this key already
+            raise LookupError(f'run {run_id!r} was deleted while being written to')
+        run_pk, seq, *checked = allocated
+        if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
+            raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
+        allocation = _Allocation(run_pk=require_key(run_id, run_pk), seq=seq)
+        if checked and known is not None:
+            anchored, taken = checked
+            if run_pk == known.head.incarnation and anchored:
+                known.checked = True
+                return replace(allocation, confirmed=True, taken=bool(taken))
+        return allocation
+
+    def _take(
+        self, transaction: Transaction, snapshot: ContinuableSnapshot, known: KnownHead | None, plan: SavePlan | None
+    ) -> Any:
+        """The row of the statements that claim the snapshot's key and take its number (see `_allocate`);
+        `None` if the run used the key already or is not stored."""
+        parameters: dict[str, object] = {RUN_KEY: snapshot.run_id}
         keyed = snapshot.idempotency_key is not None
         if keyed:
             parameters['idempotency_key'] = snapshot.idempotency_key
@@ -308,51 +334,33 @@ class SnapshotSaves:
                 through=known.head.last_no,
                 added=len(plan.rows),
             )
-            allocated = transaction.execute(on_line[keyed], parameters).first()
-            if allocated is None and keyed:
-                require_run(transaction, run_id)
-                return None
-        elif not keyed:
-            allocated = transaction.execute(self._statements.allocate_snapshot, parameters).first()
-        elif self._statements.claim_and_allocate_snapshot is not None:
-            allocated = transaction.execute(self._statements.claim_and_allocate_snapshot, parameters).first()
-            if allocated is None:
-                require_run(transaction, run_id)
-                return None
-        elif self._claim_key(transaction, snapshot):
-            allocated = transaction.execute(self._statements.allocate_snapshot, parameters).first()
-        else:
+            return transaction.execute(on_line[keyed], parameters).first()
+        if keyed and self._statements.claim_and_allocate_snapshot is not None:
+            return transaction.execute(self._statements.claim_and_allocate_snapshot, parameters).first()
+        if keyed and not self._claim_key(transaction, snapshot):
             return None
-        if allocated is None:
-            raise LookupError(f'run {run_id!r} is not registered')
-        run_pk, seq, *checked = allocated
-        if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
-            raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
-        allocation = _Allocation(run_pk=require_key(run_id, run_pk), seq=seq)
-        if checked and known is not None:
-            anchored, taken = checked
-            if run_pk == known.head.incarnation and anchored:
-                known.checked = True
-                return replace(allocation, confirmed=True, taken=bool(taken))
-        return allocation
+        return transaction.execute(self._statements.allocate_snapshot, parameters).first()
 
     def _claim_key(self, transaction: Transaction, snapshot: ContinuableSnapshot) -> bool:
-        """Record the snapshot's idempotency key; `False` if the run already used it."""
+        """Record the snapshot's idempotency key; `False` if the run already used it (or is not stored)."""
         parameters = {RUN_KEY: snapshot.run_id, 'idempotency_key': snapshot.idempotency_key}
-        if transaction.execute(self._statements.claim_snapshot_key, parameters).rowcount:
-            return True
-        require_run(transaction, snapshot.run_id)
-        return False
+        return bool(transaction.execute(self._statements.claim_snapshot_key, parameters).rowcount)
 
     def _anchored(
         self, transaction: Transaction, run_id: str, run_pk: int, digests: Sequence[str], prepared: _Prepared
     ) -> KnownHead:
-        """The run's head, of this registration and with its anchor stored (locked on PostgreSQL).
+        """The run's head, of this registration and with its anchor stored (locked on PostgreSQL), or
+        none for a head prepared before the run was stored.
 
         A head that is not (another writer deleted its snapshot, or the run and registered it again)
         is read again here when messages are packed inside the transaction; otherwise `NeedsPacking`.
         """
         known = prepared.heads.get(run_id)
+        if known is not None and known.head.incarnation is None and known.anchor is None:
+            # Prepared for a run that was not stored: no view to build on, whatever the run holds now.
+            known.head.incarnation = run_pk
+            known.checked = True
+            return known
         if (
             known is not None
             and known.head.incarnation == run_pk
@@ -364,7 +372,7 @@ class SnapshotSaves:
             raise NeedsPacking(run_id)
         found = read_head(transaction, run_id, digests, lock=True)
         if found is None:
-            raise LookupError(f'run {run_id!r} is not registered')
+            raise LookupError(f'run {run_id!r} was deleted while being written to')
         prepared.heads[run_id] = found
         return found
 
@@ -439,7 +447,7 @@ def _kept_base(head: RunHead, plan: SavePlan, length: int) -> LineBase | None:
 
 def _new_messages(heads: dict[str, KnownHead], snapshots: Sequence[ContinuableSnapshot]) -> dict[str, EncodedMessage]:
     """The messages of the rows `snapshots` add (by digest), planned in order from copies of `heads` (a run
-    without a head adds none: it is not registered)."""
+    without a head adds none)."""
     planned = {run_id: known.head.copy() for run_id, known in heads.items()}
     new: dict[str, EncodedMessage] = {}
     for snapshot in snapshots:

@@ -157,8 +157,11 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
     async def register_run(self, record: RunRecord) -> None:
         rows.require_storable(record)
         await self._ready()
-        run_pk = await self._db.run(partial(self._writes.register_run, record=record), write=True)
-        self._snapshot_saves.registered(record, run_pk)
+        run_pk, was_bare = await self._db.run(partial(self._writes.register_run, record=record), write=True)
+        if was_bare:  # its head is what it saved while bare, or its origin's view: read at its next save
+            self._snapshot_saves.forget(record.run_id)
+        else:
+            self._snapshot_saves.registered(record, run_pk)
 
     async def get_run(self, *, run_id: str) -> RunRecord | None:
         require_text('run_id', run_id)

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import pytest
+from datetime import timedelta
 
 from step_persistence.protocol import StepStore, write_steps
-from step_persistence.records import StepEvent, StepWrites
-from step_persistence.testing.conformance.shared import ConformanceBase, _effect, _snapshot
+from step_persistence.records import RunRecord, StepEvent, StepWrites
+from step_persistence.testing.conformance.shared import T0, ConformanceBase, _effect, _snapshot
 
 
 class BatchesConformance(ConformanceBase):
@@ -65,15 +65,14 @@ class BatchesConformance(ConformanceBase):
             latest = await store.latest_snapshot(run_id=run_id)
             assert latest is not None and latest.step_index == step
 
-    async def test_a_batch_for_an_unregistered_run_writes_nothing(self, store: StepStore) -> None:
-        with pytest.raises(LookupError):
-            await write_steps(
-                store,
-                StepWrites(
-                    tool_effects=[_effect('ghost', 't')],
-                    events=[StepEvent(run_id='ghost', kind='run_started', step_index=0)],
-                    snapshots=[_snapshot('ghost', 1)],
-                ),
-            )
-        assert await store.get_run(run_id='ghost') is None
-        assert await store.list_events(run_id='ghost') == []
+    async def test_a_batch_registers_its_unknown_run_bare_at_its_first_write(self, store: StepStore) -> None:
+        writes = StepWrites(
+            tool_effects=[_effect('ghost', 't', started_at=T0 + timedelta(seconds=5))],
+            events=[StepEvent(run_id='ghost', kind='run_started', step_index=0, timestamp=T0)],
+            snapshots=[_snapshot('ghost', 1)],
+        )
+        await write_steps(store, writes)
+        assert await store.get_run(run_id='ghost') == RunRecord(run_id='ghost', started_at=T0 + timedelta(seconds=5))
+        assert await store.list_events(run_id='ghost') == writes.events
+        assert await store.list_snapshots(run_id='ghost') == writes.snapshots
+        assert await store.list_tool_effects(run_id='ghost') == writes.tool_effects

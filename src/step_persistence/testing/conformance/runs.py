@@ -1,4 +1,4 @@
-"""Runs: the protocol shape, registering, reading and listing runs."""
+"""Runs: the protocol shape, registering, reading and listing runs, runs registered bare by a write."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from step_persistence.protocol import StepStore
-from step_persistence.records import RunRecord
-from step_persistence.testing.conformance.shared import T0, ConformanceBase, StoreFactory
+from step_persistence.records import RunRecord, StepEvent
+from step_persistence.testing.conformance.shared import T0, ConformanceBase, StoreFactory, _dump, _effect, _snapshot
 
 
 class RunsConformance(ConformanceBase):
@@ -98,3 +98,105 @@ class RunsConformance(ConformanceBase):
         assert await ids(conversation_id='c1') == ['run-0', 'run-2', 'run-3']
         assert await ids(parent_run_id='p1', conversation_id='c1') == ['run-0']
         assert await ids(parent_run_id='nobody') == []
+
+    # --- bare runs: registered by their first write ---
+
+    async def test_each_kind_of_write_registers_an_unknown_run_bare(self, store: StepStore) -> None:
+        event = StepEvent(run_id='by-event', kind='run_started', step_index=0, timestamp=T0)
+        snapshot = _snapshot('by-snapshot', 1).model_copy(update={'timestamp': T0 + timedelta(seconds=1)})
+        effect = _effect('by-effect', 't', started_at=T0 + timedelta(seconds=2))
+        await store.append_event(event)
+        await store.save_snapshot(snapshot)
+        await store.record_tool_effect(effect)
+        for run_id, at in (('by-event', T0), ('by-snapshot', snapshot.timestamp), ('by-effect', effect.started_at)):
+            assert await store.get_run(run_id=run_id) == RunRecord(run_id=run_id, started_at=at)
+        assert await store.list_events(run_id='by-event') == [event]
+        assert await store.list_snapshots(run_id='by-snapshot') == [snapshot]
+        assert await store.list_tool_effects(run_id='by-effect') == [effect]
+        assert [run.run_id for run in await store.list_runs()] == ['by-event', 'by-snapshot', 'by-effect']
+        assert [run.run_id for run in await store.list_runs(agent_name='agent')] == []
+        assert await store.list_conversations() == []
+
+    async def test_register_run_fills_a_bare_run_once_and_keeps_its_writes(self, store: StepStore) -> None:
+        await store.record_tool_effect(_effect('bare', 't', started_at=T0))
+        await store.append_event(StepEvent(run_id='bare', kind='run_started', step_index=0, timestamp=T0))
+        await store.save_snapshot(_snapshot('bare', 1))
+        record = await self._register(
+            store,
+            'bare',
+            conversation_id='conv',
+            parent_run_id='parent',
+            agent_name='agent',
+            metadata={'tenant': 'acme'},
+            started_at=T0 - timedelta(hours=1),
+        )
+        assert await store.get_run(run_id='bare') == record
+        with pytest.raises(ValueError, match='bare'):
+            await store.register_run(RunRecord(run_id='bare', agent_name='second'))
+        assert await store.get_run(run_id='bare') == record
+        await store.save_snapshot(_snapshot('bare', 2))
+        assert [_dump(s.messages) for s in await store.list_snapshots(run_id='bare')] == [
+            _dump(_snapshot('bare', step).messages) for step in (1, 2)
+        ]
+        assert [event.kind for event in await store.list_events(run_id='bare')] == ['run_started']
+        assert [effect.tool_call_id for effect in await store.list_tool_effects(run_id='bare')] == ['t']
+        assert await store.list_runs(conversation_id='conv', agent_name='agent', parent_run_id='parent') == [record]
+        [conversation] = await store.list_conversations()
+        assert (conversation.conversation_id, conversation.head_run_id, conversation.run_count) == ('conv', 'bare', 1)
+        found = await store.find_snapshot(conversation_id='conv', history_digest=_snapshot('bare', 2).history_digest())
+        assert found is not None and (found.run_id, found.seq) == ('bare', 2)
+
+    async def test_a_bare_run_keeps_its_place_in_registration_order(self, store: StepStore) -> None:
+        await self._register(store, 'first', started_at=T0)
+        await store.append_event(StepEvent(run_id='second', kind='run_started', step_index=0, timestamp=T0))
+        await self._register(store, 'third', started_at=T0)
+        assert [run.run_id for run in await store.list_runs()] == ['first', 'second', 'third']
+        await self._register(store, 'second', agent_name='agent', started_at=T0)
+        assert [run.run_id for run in await store.list_runs()] == ['first', 'second', 'third']
+
+    async def test_concurrent_first_writes_register_one_bare_run(self, store: StepStore) -> None:
+        started = {run_id: T0 + timedelta(seconds=n) for n, run_id in enumerate(['race-a', 'race-b', 'race-c'])}
+        run_ids = list(started)
+        writes = [
+            write
+            for run_id, at in started.items()
+            for step in range(4)
+            for write in (
+                store.append_event(StepEvent(run_id=run_id, kind='run_started', step_index=step, timestamp=at)),
+                store.record_tool_effect(_effect(run_id, f'call-{step}', started_at=at)),
+                store.save_snapshot(_snapshot(run_id, step + 1).model_copy(update={'timestamp': at})),
+            )
+        ]
+        await asyncio.gather(*writes)
+        assert await store.list_runs() == [RunRecord(run_id=run_id, started_at=at) for run_id, at in started.items()]
+        for run_id in run_ids:
+            assert sorted(event.step_index for event in await store.list_events(run_id=run_id)) == [0, 1, 2, 3]
+            assert len(await store.list_tool_effects(run_id=run_id)) == 4
+            assert len(await store.list_snapshots(run_id=run_id)) == 4
+        attempts = [RunRecord(run_id='race-a', agent_name=f'writer-{i}') for i in range(6)]
+        results = await asyncio.gather(*(store.register_run(r) for r in attempts), return_exceptions=True)
+        winners = [attempt for attempt, result in zip(attempts, results, strict=True) if result is None]
+        assert len(winners) == 1
+        assert all(isinstance(result, ValueError) for result in results if result is not None)
+        assert await store.get_run(run_id='race-a') == winners[0]
+
+    async def test_register_run_racing_the_first_write_registers_the_run_once(self, store: StepStore) -> None:
+        records = [RunRecord(run_id=f'both-{n}', agent_name='agent', started_at=T0 + timedelta(n)) for n in range(4)]
+        await asyncio.gather(
+            *(store.register_run(record) for record in records),
+            *(
+                store.append_event(StepEvent(run_id=record.run_id, kind='run_started', step_index=0))
+                for record in records
+            ),
+        )
+        assert await store.list_runs() == records
+        for record in records:
+            assert len(await store.list_events(run_id=record.run_id)) == 1
+
+    async def test_a_deleted_bare_run_is_gone(self, store: StepStore) -> None:
+        await store.append_event(StepEvent(run_id='gone', kind='run_started', step_index=0))
+        await store.delete_run(run_id='gone')
+        assert await store.get_run(run_id='gone') is None
+        assert await store.list_events(run_id='gone') == []
+        record = await self._register(store, 'gone', agent_name='agent')
+        assert await store.get_run(run_id='gone') == record
