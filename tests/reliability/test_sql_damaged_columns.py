@@ -38,7 +38,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
 from step_persistence.stores.sql.reporting import read_report
-from step_persistence.stores.sql.schema import Base
+from step_persistence.stores.sql.schema import TABLES
 from step_persistence.stores.sql.types import DateTimeUTC, EncodedJSON
 from step_persistence.testing.conformance import T0, sample_history
 from support.crash_ledger import fingerprint
@@ -126,7 +126,7 @@ def damages(dialect: str) -> list[Damage]:
     values = SQLITE_VALUES if dialect == 'sqlite' else POSTGRES_VALUES
     found = [
         Damage(table.name, column.name, value)
-        for table in Base.metadata.sorted_tables
+        for table in TABLES.sorted_tables
         for column in table.columns
         for value in values[kind_of(column)]
         # SQLite's AUTOINCREMENT refuses to go past the largest key: no run could be registered after it.
@@ -232,7 +232,7 @@ async def table_contents(engine: AsyncEngine) -> list[Any]:
     """Every row of every table, as text (to tell that reading wrote nothing)."""
     found: list[Any] = []
     async with engine.connect() as connection:
-        for table in Base.metadata.sorted_tables:
+        for table in TABLES.sorted_tables:
             if engine.dialect.name == 'sqlite':  # as bytes: a text may not be UTF-8
                 columns = ', '.join(f'CAST({column.name} AS BLOB)' for column in table.columns)
             else:  # as text: a timestamp outside Python's years does not decode
@@ -338,7 +338,7 @@ async def remove_victim(engine: AsyncEngine) -> None:
         await connection.execute(
             text("DELETE FROM conversations WHERE head_run_id IS NULL OR head_run_id <> 'sentinel'")
         )
-        for table in reversed(Base.metadata.sorted_tables):
+        for table in reversed(TABLES.sorted_tables):
             if 'run_id' in table.columns:
                 await connection.execute(text(f"DELETE FROM {table.name} WHERE run_id IS NULL OR run_id <> 'sentinel'"))
 

@@ -33,7 +33,7 @@ from step_persistence.records import ConversationSummary, RunOrigin, SnapshotRef
 from step_persistence.reporting import summarize_runs
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MessageMedia
 from step_persistence.stores._positions import RunHead, plan_saves
-from step_persistence.stores.sql import TABLE_NAMES, VERSION_TABLE, Base, include_name
+from step_persistence.stores.sql import TABLE_NAMES, TABLES, VERSION_TABLE, include_name
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.database_store import HEAD_REVISION
 from step_persistence.stores.sql.executors import Transaction
@@ -201,7 +201,7 @@ async def test_migrations_and_models_agree(empty_database: EmptyDatabase) -> Non
     engine = create_async_engine(empty_database.url)
     try:
         async with engine.connect() as connection:
-            assert await connection.run_sync(_differences, Base.metadata) == []
+            assert await connection.run_sync(_differences, TABLES) == []
     finally:
         await engine.dispose()
 

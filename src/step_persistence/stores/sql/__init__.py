@@ -12,14 +12,14 @@ from step_persistence.stores.sql.database_store import SchemaNotReadyError
 from step_persistence.stores.sql.media_store import SqlMediaStore
 from step_persistence.stores.sql.naming import SchemaClash, TableNames, include_name, table_names
 from step_persistence.stores.sql.postgres import PostgresMediaStore, PostgresStepStore
-from step_persistence.stores.sql.schema import TABLE_NAMES, VERSION_TABLE, Base
+from step_persistence.stores.sql.schema import TABLE_NAMES, TABLES, VERSION_TABLE
 from step_persistence.stores.sql.sqlite import SqliteMediaStore, SqliteStepStore
 from step_persistence.stores.sql.store import SqlStepStore
 
 __all__ = [
+    'TABLES',
     'TABLE_NAMES',
     'VERSION_TABLE',
-    'Base',
     'PostgresMediaStore',
     'PostgresStepStore',
     'SchemaClash',

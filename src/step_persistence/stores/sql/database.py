@@ -26,11 +26,10 @@ import os
 import sqlite3
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
 
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DBAPIError, UnboundExecutionError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 from step_persistence.stores.sql.dialects import check_dialect, redact, resolve_url
 from step_persistence.stores.sql.engines import (
@@ -40,8 +39,18 @@ from step_persistence.stores.sql.engines import (
     sqlite3_engine,
     sqlite_engine,
 )
-from step_persistence.stores.sql.executors import AsyncExecutor, Executor, Operation, ThreadExecutor
+from step_persistence.stores.sql.executors import (
+    AsyncBind,
+    AsyncExecutor,
+    Executor,
+    Operation,
+    ThreadExecutor,
+    is_async_bind,
+)
 from step_persistence.stores.sql.naming import TableNames, table_names
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 __all__ = [
     'DEFAULT_BUSY_TIMEOUT',
@@ -53,14 +62,14 @@ __all__ = [
     'is_data_exception',
 ]
 
-Borrowed = AsyncEngine | AsyncConnection | AsyncSession
+Borrowed: TypeAlias = AsyncBind
 """An application's engine, connection or session, which a store uses and never closes."""
 
-DatabaseTarget = str | URL | AsyncEngine | AsyncConnection | AsyncSession
+DatabaseTarget: TypeAlias = 'str | URL | AsyncEngine | AsyncConnection | AsyncSession'
 """What a SQL store is opened on: a URL (the store owns its engine), an application's engine, connection
 or session."""
 
-SqliteTarget = str | os.PathLike[str] | AsyncEngine | AsyncConnection | AsyncSession | None
+SqliteTarget: TypeAlias = 'str | os.PathLike[str] | AsyncEngine | AsyncConnection | AsyncSession | None'
 """What a SQLite front door is opened on besides a `sqlite3.Connection`: a path (`None`: `runs.db`),
 `':memory:'`, or an application's SQLite engine, connection or session (see `Database.for_sqlite`)."""
 
@@ -163,7 +172,7 @@ class Database:
     @classmethod
     def open(cls, target: DatabaseTarget, *, schema: str | None, table_prefix: str = '') -> Database:
         """The database a store is built on: from a URL (owned), an engine, a connection or a session (borrowed)."""
-        if isinstance(target, AsyncEngine | AsyncConnection | AsyncSession):
+        if is_async_bind(target):
             return cls.borrowing(target, schema=schema, table_prefix=table_prefix)
         if isinstance(target, str | URL):
             return cls.from_url(target, schema=schema, table_prefix=table_prefix)
@@ -234,7 +243,7 @@ class Database:
             if not isinstance(connection, sqlite3.Connection):
                 raise TypeError(f'connection= must be a sqlite3.Connection, got {type(connection).__name__}')
             return cls.from_sqlite3(connection, table_prefix=table_prefix)
-        if isinstance(database, AsyncEngine | AsyncConnection | AsyncSession):
+        if is_async_bind(database):
             dialect_name = _sync_bind(database).dialect.name
             if dialect_name != 'sqlite':
                 raise ValueError(f'{owner} needs a SQLite engine, connection or session, got {dialect_name}')
@@ -253,7 +262,7 @@ class Database:
     ) -> Database:
         """The database of a PostgreSQL front door (`owner` names it in errors): a URL, engine, connection or
         session."""
-        if isinstance(url_or_engine, AsyncEngine | AsyncConnection | AsyncSession):
+        if is_async_bind(url_or_engine):
             dialect_name = _sync_bind(url_or_engine).dialect.name
             if dialect_name != 'postgresql':
                 raise ValueError(f'{owner} needs a PostgreSQL database, got a {dialect_name} engine')
@@ -271,6 +280,8 @@ class Database:
 
         The drivers accepted are `SHARED_DRIVERS` (aiosqlite; asyncpg or psycopg 3), whose statements all
         run through Core."""
+        from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession  # loaded: the bind is one of them
+
         sync_bind = _sync_bind(bind)
         dialect = sync_bind.dialect
         is_engine = isinstance(bind, AsyncEngine)
@@ -345,6 +356,8 @@ def _sync_bind(bind: Borrowed) -> Engine | Connection:
     A session's is what `session.connection()` would use (its `bind`), found without beginning a
     transaction; a session bound to nothing, or only per mapper or table, is a `ValueError`.
     """
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine  # loaded: the bind is one of them
+
     if isinstance(bind, AsyncEngine):
         return bind.sync_engine
     if isinstance(bind, AsyncConnection):

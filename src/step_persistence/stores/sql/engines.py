@@ -13,14 +13,16 @@ from __future__ import annotations
 import math
 import sqlite3
 import time
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlencode
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Connection, Engine
 from sqlalchemy.exc import DisconnectionError
-from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry, QueuePool, StaticPool
+
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncEngine
 
 __all__ = [
     'PING_AFTER_IDLE_SECONDS',
@@ -112,6 +114,8 @@ def postgres_engine(url: URL) -> AsyncEngine:
     The URL's query parameters become asyncpg's arguments (`asyncpg_arguments`); `ValueError` for
     one that asyncpg does not take, or a value it would refuse when connecting.
     """
+    from sqlalchemy.ext.asyncio import create_async_engine
+
     driver_url, connect_args = asyncpg_arguments(url)
     engine = create_async_engine(driver_url, connect_args=connect_args)
     event.listen(engine.sync_engine.pool, 'checkin', _note_idle_since)

@@ -31,16 +31,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
 import anyio
 import anyio.to_thread
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 from sqlalchemy.pool import StaticPool
 from sqlalchemy.sql import Executable
 from sqlalchemy.util import greenlet_spawn
@@ -51,9 +51,29 @@ from step_persistence.stores.sql.naming import DEFAULT_NAMES, TableNames
 from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.sqlite_writer import SqliteWriter
 
-__all__ = ['AsyncExecutor', 'Executor', 'ThreadExecutor', 'Transaction']
+if TYPE_CHECKING:
+    from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
+    from typing_extensions import TypeIs
+
+__all__ = ['AsyncBind', 'AsyncExecutor', 'Executor', 'ThreadExecutor', 'Transaction', 'is_async_bind']
 
 T = TypeVar('T')
+
+AsyncBind: TypeAlias = 'AsyncEngine | AsyncConnection | AsyncSession'
+"""An application's engine, connection or session (SQLAlchemy's asyncio extension)."""
+
+
+def is_async_bind(value: object) -> TypeIs[AsyncBind]:
+    """Whether `value` is an `AsyncEngine`, an `AsyncConnection` or an `AsyncSession`.
+
+    None exists before `sqlalchemy.ext.asyncio` is imported, so it is looked up rather than imported:
+    a store on a SQLite URL or a `sqlite3` connection never loads the extension, nor the ORM it imports.
+    """
+    extension = sys.modules.get('sqlalchemy.ext.asyncio')
+    return extension is not None and isinstance(
+        value, extension.AsyncEngine | extension.AsyncConnection | extension.AsyncSession
+    )
+
 
 _PRESERVE_ROWCOUNT: Mapping[str, Any] = {'preserve_rowcount': True}
 """Every statement keeps its row count after its cursor closes: the store counts the rows an `INSERT ... SELECT`
@@ -180,7 +200,9 @@ class AsyncExecutor:
     connections (an application's engine or connection keeps every statement in Core's sight).
     """
 
-    def __init__(self, bind: AsyncEngine | AsyncConnection | AsyncSession, *, direct: bool = False) -> None:
+    def __init__(self, bind: AsyncBind, *, direct: bool = False) -> None:
+        from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession  # loaded: the bind is one of them
+
         self._bind = bind
         self._direct = direct
         engine = bind if isinstance(bind, AsyncEngine) else None
@@ -202,6 +224,8 @@ class AsyncExecutor:
         return await self._run(operation, write=write, options=options, names=names)
 
     async def _run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames) -> T:
+        from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession  # loaded: the bind is one of them
+
         writer = self._writer if write else None
         async with self._serial or contextlib.nullcontext(), writer or contextlib.nullcontext():
             if isinstance(self._bind, AsyncSession):
@@ -229,9 +253,13 @@ class AsyncExecutor:
             self._serial = asyncio.Lock()
         if self._writer is not None:
             self._writer = asyncio.Lock()
+        from sqlalchemy.ext.asyncio import AsyncEngine
+
         if self._direct and isinstance(self._bind, AsyncEngine):
             self._bind.sync_engine.dispose(close=False)
 
     async def dispose(self) -> None:
+        from sqlalchemy.ext.asyncio import AsyncEngine
+
         if isinstance(self._bind, AsyncEngine):
             await self._bind.dispose()

@@ -23,7 +23,7 @@ from sqlalchemy.sql import Executable, visitors
 
 from step_persistence._lru import BoundedLru
 from step_persistence.stores.sql.prepared import Prepared
-from step_persistence.stores.sql.schema import NAMING_CONVENTION, VERSION_TABLE, VIEWS, Base
+from step_persistence.stores.sql.schema import NAMING_CONVENTION, TABLES, VERSION_TABLE, VIEWS
 
 __all__ = [
     'CLASH_REMEDY',
@@ -99,7 +99,7 @@ class TableNames:
         """The blob table of a media store given `table=` (created by that store, outside the migrations)."""
         self.version_table = prefix + VERSION_TABLE
         """Alembic's version table of these migrations."""
-        declared = [*Base.metadata.sorted_tables, *VIEWS.sorted_tables]
+        declared = [*TABLES.sorted_tables, *VIEWS.sorted_tables]
         self._declared_names = sorted((table.name for table in declared), key=len, reverse=True)
         self._tables: dict[Table, Table] = {}
         self.renames = bool(prefix or media_table)
@@ -114,7 +114,7 @@ class TableNames:
     @property
     def tables(self) -> frozenset[str]:
         """The names of the store's tables (not the views, not the version table)."""
-        return frozenset(self.table(name) for name in Base.metadata.tables)
+        return frozenset(self.table(name) for name in TABLES.tables)
 
     def table(self, name: str) -> str:
         """The name of the table or view declared as `name`."""
@@ -171,7 +171,7 @@ class TableNames:
         """The schema under these names, indexes and constraints included (what the migrations create), for
         comparing a database against it and for Alembic's autogenerate."""
         if not self.renames:
-            return Base.metadata
+            return TABLES
         if self._metadata is None:
             self._metadata = _prefixed_metadata(self)
         return self._metadata
@@ -219,7 +219,7 @@ def _renamed_columns(table: Table, metadata: MetaData, name: str, **options: Any
 
 def _prefixed_metadata(names: TableNames) -> MetaData:
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    for table in Base.metadata.sorted_tables:
+    for table in TABLES.sorted_tables:
         copy = _renamed_columns(table, metadata, names.table(table.name), **table.dialect_kwargs)
         copy.primary_key.name = names.object(str(table.primary_key.name))
         for constraint in table.constraints:

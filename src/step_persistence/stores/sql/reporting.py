@@ -3,7 +3,7 @@
 Migration 0003 creates the views, 0006 today's `run_summary` (see docs/reporting.md). `run_summary` and
 `tool_call_stats` (declared in `schema.py`) describe them as SQLAlchemy tables with the column types of the
 store's tables, for queries of your own (`select(run_summary).where(run_summary.c.status == 'failed')`); they belong
-to `VIEWS`, a metadata of their own, so the schema's `Base.metadata` (what the migrations and
+to `VIEWS`, a metadata of their own, so the schema's `TABLES` (what the migrations and
 `create_all` deal with) does not contain them. `read_report` reads every run's `RunSummary` and
 every tool's `ToolStats` from the views in one transaction: the figures `step_persistence.reporting`
 computes through the protocol, in two queries instead of several reads per run.
