@@ -105,6 +105,14 @@ runs = Table(
         server_default=text('0'),
         doc='The highest snapshot sequence number handed out for this run.',
     ),
+    Column(
+        'bare',
+        Boolean,
+        nullable=False,
+        server_default=text('false'),
+        doc='Registered by a write (`stores/_bare.py`), not yet by `register_run`, whose one call fills the row in '
+        '(revision 0007; runs stored before it were all registered).',
+    ),
     Index('ix_runs_started_at_id', 'started_at', 'id'),
     Index('ix_runs_conversation_id_started_at_id', 'conversation_id', 'started_at', 'id'),
     Index('ix_runs_parent_run_id_started_at_id', 'parent_run_id', 'started_at', 'id'),
