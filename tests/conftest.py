@@ -4,6 +4,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+import support.bytecode  # noqa: F401  (first: every import after it is compiled once, into its cache)
 from support.backends import BACKENDS, Backend, BackendSession, StoreMaker
 from support.databases import empty_database, postgres_database
 from support.servers.mongo import mongo_server
