@@ -51,13 +51,18 @@ class RunsConformance(ConformanceBase):
             await store.register_run(RunRecord(run_id='dup', agent_name='second'))
         assert await store.get_run(run_id='dup') == original
 
-    async def test_concurrent_duplicate_register_admits_exactly_one(self, store: StepStore) -> None:
-        attempts = [RunRecord(run_id='race', agent_name=f'writer-{i}') for i in range(10)]
-        results = await asyncio.gather(*(store.register_run(r) for r in attempts), return_exceptions=True)
-        winners = [attempt for attempt, result in zip(attempts, results, strict=True) if result is None]
+    @staticmethod
+    async def _exactly_one_registers(store: StepStore, run_id: str, attempts: int) -> None:
+        """`attempts` concurrent `register_run`s of `run_id`: one is stored, the others raise `ValueError`."""
+        records = [RunRecord(run_id=run_id, agent_name=f'writer-{i}') for i in range(attempts)]
+        results = await asyncio.gather(*(store.register_run(r) for r in records), return_exceptions=True)
+        winners = [record for record, result in zip(records, results, strict=True) if result is None]
         assert len(winners) == 1
         assert all(isinstance(result, ValueError) for result in results if result is not None)
-        assert await store.get_run(run_id='race') == winners[0]
+        assert await store.get_run(run_id=run_id) == winners[0]
+
+    async def test_concurrent_duplicate_register_admits_exactly_one(self, store: StepStore) -> None:
+        await self._exactly_one_registers(store, 'race', 10)
 
     async def test_timestamps_read_back_as_utc_instants(self, store: StepStore) -> None:
         plus_five = timezone(timedelta(hours=5))
@@ -173,12 +178,7 @@ class RunsConformance(ConformanceBase):
             assert sorted(event.step_index for event in await store.list_events(run_id=run_id)) == [0, 1, 2, 3]
             assert len(await store.list_tool_effects(run_id=run_id)) == 4
             assert len(await store.list_snapshots(run_id=run_id)) == 4
-        attempts = [RunRecord(run_id='race-a', agent_name=f'writer-{i}') for i in range(6)]
-        results = await asyncio.gather(*(store.register_run(r) for r in attempts), return_exceptions=True)
-        winners = [attempt for attempt, result in zip(attempts, results, strict=True) if result is None]
-        assert len(winners) == 1
-        assert all(isinstance(result, ValueError) for result in results if result is not None)
-        assert await store.get_run(run_id='race-a') == winners[0]
+        await self._exactly_one_registers(store, 'race-a', 6)  # fills the bare run once
 
     async def test_register_run_racing_the_first_write_registers_the_run_once(self, store: StepStore) -> None:
         records = [RunRecord(run_id=f'both-{n}', agent_name='agent', started_at=T0 + timedelta(n)) for n in range(4)]
