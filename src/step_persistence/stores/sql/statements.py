@@ -3,9 +3,10 @@
 Building a SQLAlchemy statement costs more than executing a cached one, so the statements of
 the hot paths are built when a store is created and executed with a dict of values each time.
 Uniqueness is left to constraints (`INSERT ... ON CONFLICT`); events, tool effects and snapshot
-keys are inserted with `INSERT ... SELECT ... FROM runs WHERE run_id = :run`, so a write for an
-unregistered run inserts nothing (and the caller raises `LookupError`) without depending on
-foreign-key enforcement or aborting a caller's PostgreSQL transaction with a constraint error.
+keys are inserted with `INSERT ... SELECT ... FROM runs WHERE run_id = :run`, so a write for a run
+not stored inserts nothing (and the caller registers the run bare and writes again, `writes.py`)
+without depending on foreign-key enforcement or aborting a caller's PostgreSQL transaction with a
+constraint error.
 """
 
 from __future__ import annotations
@@ -142,8 +143,9 @@ class WriteStatements:
     """Every statement the store's write operations execute, for one dialect."""
 
     register_run: Prepared
-    """Values `rows.run_values`; returns the new row's `id`, or nothing when a unique index refuses it (a
-    duplicate `run_id`, or a second `continued` run of one snapshot: `uq_runs_origin_run_id_origin_seq`)."""
+    """Values `rows.run_values` (and `bare` for a bare run); returns the new row's `id`, or nothing when a
+    unique index refuses it (a duplicate `run_id`, or a second `continued` run of one snapshot:
+    `uq_runs_origin_run_id_origin_seq`)."""
     append_event: Prepared
     """Values `rows.event_values` without `run_id`, and `run`; a repeated idempotency key inserts nothing."""
     record_tool_effect: Prepared
