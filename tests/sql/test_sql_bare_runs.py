@@ -84,3 +84,23 @@ async def test_a_first_write_waits_for_another_connections_first_write(
         assert (record, stored) == (RunRecord(run_id='new', started_at=T0), [first_event, second_event])
     else:
         assert (record, stored) == (RunRecord(run_id='new', started_at=second_event.timestamp), [second_event])
+
+
+@pytest.mark.parametrize('media_store', [None, 'auto'], ids=['inline', 'media table'])
+async def test_a_save_to_a_run_another_store_deleted_registers_it_bare(
+    empty_database: EmptyDatabase, media_store: str | None
+) -> None:
+    """This store's cached head is of the deleted registration: the save finds no run, registers it bare and
+    stores its history from no view (after packing it again, with a media store)."""
+    history = sample_history(2, tag='again')
+    async with SqlStepStore(empty_database.url, media_store=media_store) as writer:
+        await writer.register_run(RunRecord(run_id='gone', agent_name='agent'))
+        await writer.save_snapshot(ContinuableSnapshot(run_id='gone', step_index=1, messages=sample_history(1)))
+        async with SqlStepStore(empty_database.url) as other:
+            await other.delete_run(run_id='gone')
+        again = ContinuableSnapshot(run_id='gone', step_index=2, messages=history, timestamp=T0)
+        await writer.save_snapshot(again)
+        assert await writer.get_run(run_id='gone') == RunRecord(run_id='gone', started_at=T0)
+        assert await writer.list_snapshots(run_id='gone') == [again]
+        await writer.save_snapshot(again.model_copy(update={'step_index': 3}))
+        assert [s.seq for s in await writer.list_snapshots(run_id='gone')] == [1, 2]

@@ -193,8 +193,11 @@ class RunsConformance(ConformanceBase):
         for record in records:
             assert len(await store.list_events(run_id=record.run_id)) == 1
 
-    async def test_a_deleted_bare_run_is_gone(self, store: StepStore) -> None:
+    async def test_a_bare_run_is_deleted_and_pruned_as_any(self, store: StepStore) -> None:
+        await store.append_event(StepEvent(run_id='old', kind='run_completed', step_index=0, timestamp=T0))
         await store.append_event(StepEvent(run_id='gone', kind='run_started', step_index=0))
+        assert await store.prune_runs(older_than=T0 + timedelta(days=1)) == ['old']
+        assert await store.get_run(run_id='old') is None
         await store.delete_run(run_id='gone')
         assert await store.get_run(run_id='gone') is None
         assert await store.list_events(run_id='gone') == []
