@@ -3,8 +3,10 @@
 The time itself is measured by benchmarks/cli_startup.py (benchmarks/RESULTS.md); here, what each
 command loads: help loads neither pydantic-ai nor SQLAlchemy nor Alembic; a command that reads no
 message (listing, reporting, trees, unresolved calls) loads no pydantic-ai, a read loads no Alembic,
-and a store of one kind does not load another kind's driver. The stores read hold a run with a
-snapshot, so a command that decoded a message would load pydantic-ai.
+a read on SQLite neither SQLAlchemy's ORM nor its asyncio extension, a table of runs, tools or
+conversations written to a pipe no rich, and a store of one kind does not load another kind's
+driver. The stores read hold a run with a snapshot, so a command that decoded a message would load
+pydantic-ai.
 """
 
 from __future__ import annotations
@@ -24,6 +26,16 @@ from step_persistence.records import RUN_STATUSES, RunStatus
 
 HEAVY = ('pydantic_ai', 'sqlalchemy', 'alembic', 'asyncpg', 'pymongo', 'motor', 'aiosqlite', 'step_persistence.stores')
 SQL_AND_OTHER_DRIVERS = {'sqlalchemy', 'alembic', 'asyncpg', 'pymongo', 'motor', 'aiosqlite'}
+NOT_FOR_A_SQLITE_READ = (
+    'pydantic_ai',
+    'alembic',
+    'asyncpg',
+    'pymongo',
+    'motor',
+    'sqlalchemy.orm',
+    'sqlalchemy.ext.asyncio',
+)
+"""What a SQLite read of no message never loads: the store runs Core statements on a `sqlite3` engine."""
 RUN = 'agent.-run-1'
 
 LOADED = """
@@ -41,11 +53,12 @@ print(json.dumps({'loaded': sorted(loaded), 'code': code}))
 """
 
 
-def started(*args: str) -> tuple[set[str], str]:
-    """Which of `HEAVY` the console script's entry point had imported once `step-persistence ARGS...` ended
-    (in a new interpreter), and what the command printed before; the command must succeed."""
+def started(*args: str, watched: tuple[str, ...] = HEAVY) -> tuple[set[str], str]:
+    """Which of `watched` (modules and packages) the console script's entry point had imported once
+    `step-persistence ARGS...` ended (in a new interpreter, its output a pipe), and what the command
+    printed before; the command must succeed."""
     completed = subprocess.run(
-        [sys.executable, '-c', LOADED, json.dumps(args), json.dumps(HEAVY)],
+        [sys.executable, '-c', LOADED, json.dumps(args), json.dumps(watched)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -75,8 +88,17 @@ async def store_with_a_run(url: str) -> str:
     return url
 
 
-NO_MESSAGE_READ = [['runs', 'list'], ['report'], ['runs', 'tree', RUN], ['runs', 'unresolved']]
+NO_MESSAGE_READ = [
+    ['runs', 'list'],
+    ['report'],
+    ['conversations', 'list'],
+    ['runs', 'tree', RUN],
+    ['runs', 'unresolved'],
+]
 """Commands that read runs, events and tool effects but no message."""
+
+PLAIN_TABLES = (['runs', 'list'], ['report'], ['conversations', 'list'])
+"""Commands printing tables of many rows (`cli/tables.py`), plain text in a pipe."""
 
 
 @pytest.mark.parametrize(
@@ -103,13 +125,15 @@ def test_a_file_store_command_imports_no_sql_and_no_other_driver(words: list[str
 
 @pytest.mark.anyio
 @pytest.mark.parametrize('words', NO_MESSAGE_READ, ids=' '.join)
-async def test_a_sqlite_read_of_no_message_imports_neither_pydantic_ai_nor_alembic(
+async def test_a_sqlite_read_of_no_message_imports_no_pydantic_ai_no_alembic_and_no_orm(
     words: list[str], tmp_path: Path
 ) -> None:
     url = await store_with_a_run(f'sqlite:///{tmp_path / "runs.db"}')
-    found, printed = started(*words, '--store', url)
+    plain = words in PLAIN_TABLES
+    found, printed = started(*words, '--store', url, watched=(*NOT_FOR_A_SQLITE_READ, 'rich'))
     assert RUN in printed
-    assert found & {'pydantic_ai', 'alembic', 'asyncpg', 'pymongo', 'motor'} == set(), found
+    assert found & set(NOT_FOR_A_SQLITE_READ) == set(), found
+    assert ('rich' in found) != plain, (found, 'tables in a pipe are plain text; trees go through rich')
 
 
 @pytest.mark.anyio

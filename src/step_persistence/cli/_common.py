@@ -37,6 +37,7 @@ __all__ = [
     'EXIT_UNREACHABLE',
     'EXIT_USAGE',
     'RUN_STATUS_NAMES',
+    'STATUS_STYLE',
     'Command',
     'Group',
     'JsonOption',
@@ -58,7 +59,9 @@ __all__ = [
     'resolve_run_id',
     'run',
     'stderr',
+    'visible',
     'warn',
+    'when',
 ]
 
 T = TypeVar('T')
@@ -166,6 +169,11 @@ def _visible(character: re.Match[str]) -> str:
     return f'\\x{code:02x}' if code < 0x100 else f'\\u{code:04x}'
 
 
+def visible(text: str) -> str:
+    """`text` with the characters a terminal would obey (`_CONTROL`) shown as `\\xNN` or `\\uNNNN`."""
+    return _CONTROL.sub(_visible, text)
+
+
 def escape(text: str) -> str:
     """`text` made safe to print inside markup: rich markup escaped, control characters shown as `\\xNN`.
 
@@ -173,7 +181,7 @@ def escape(text: str) -> str:
     """
     from rich.markup import escape as rich_escape
 
-    return rich_escape(_CONTROL.sub(_visible, text))
+    return rich_escape(visible(text))
 
 
 def display(renderable: RenderableType) -> None:
@@ -190,6 +198,20 @@ def fail(message: str, code: int) -> NoReturn:
 def warn(message: str) -> None:
     """Print a warning on stderr (stdout stays clean for --json)."""
     stderr().print(f'[bold yellow]warning:[/] {escape(message)}', highlight=False)
+
+
+STATUS_STYLE: dict[str, str] = {
+    'completed': 'green',
+    'failed': 'red',
+    'crashed': 'bold red',
+    'running': 'yellow',
+}
+"""A run status's rich style at a terminal."""
+
+
+def when(moment: datetime | None) -> str:
+    """An instant for people: UTC to the second, `2026-12-01 21:50:50Z`."""
+    return '' if moment is None else moment.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%SZ')
 
 
 def json_timestamp(moment: datetime) -> str:

@@ -66,11 +66,11 @@ def list_conversations(
         print_json(shown)
         return
     if not shown:
-        out().print('No conversation matches.' if agent else 'No conversations.')
+        print('No conversation matches.' if agent else 'No conversations.')
         return
-    from step_persistence.cli.render import conversations_table, print_fitted
+    from step_persistence.cli.tables import CONVERSATIONS, show
 
-    print_fitted(out(), conversations_table(out(), shown))
+    show(CONVERSATIONS, shown)
     if len(found) > len(shown):
         end = 'oldest' if oldest_first else 'newest'
         warn(f'showing the {end} {limit} conversations (by their last run); --limit N shows more, --limit 0 every one')

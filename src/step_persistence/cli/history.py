@@ -12,8 +12,7 @@ import json
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from step_persistence.cli._common import escape, json_timestamp
-from step_persistence.cli.render import when
+from step_persistence.cli._common import escape, json_timestamp, when
 
 if TYPE_CHECKING:
     from pydantic_ai.messages import ModelMessage

@@ -1,18 +1,16 @@
-"""Rich renderings of runs, trees and reports for people (commands print JSON for scripts).
+"""Rich renderings of runs, trees and reports for people at a terminal (commands print JSON for scripts).
 
 Every stored string (run ids, agent and tool names, errors, summaries) goes through `escape`
 before it reaches markup. A run id is never wrapped or cut: at a terminal too narrow for every
-column, the runs table leaves out its least needed columns (and says which); in a pipe, lines are
-as long as they need to be (`_common.out`).
+column, a table of many rows (`tables.py`) leaves out its least needed columns (and says which);
+in a pipe, lines are as long as they need to be (`_common.out`).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Generic, TypeVar
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypeVar
 
 from rich import box
 from rich.console import Console, RenderableType
@@ -22,52 +20,33 @@ from rich.table import Table
 from rich.text import Text
 from rich.tree import Tree
 
-from step_persistence.cli._common import escape
+from step_persistence.cli._common import STATUS_STYLE, escape, when
 
 if TYPE_CHECKING:
     from step_persistence.cli.lineage import Continuation, ConversationRun
-    from step_persistence.records import (
-        ContinuableSnapshot,
-        ConversationSummary,
-        RunOrigin,
-        RunRecord,
-        StepEvent,
-        ToolEffectRecord,
-    )
-    from step_persistence.reporting import RunSummary, ToolStats
+    from step_persistence.cli.tables import Column, Columns
+    from step_persistence.records import ContinuableSnapshot, RunOrigin, RunRecord, StepEvent, ToolEffectRecord
     from step_persistence.status import RunNode
 
 __all__ = [
     'continuation_text',
     'conversation_tree',
-    'conversations_table',
     'effects_table',
     'events_table',
-    'fitted',
+    'fitted_table',
     'origin_text',
     'print_fitted',
+    'rich_table',
     'run_tree',
     'snapshots_table',
-    'summaries_table',
-    'tool_stats_table',
     'unresolved_table',
 ]
 
-_STATUS_STYLE: dict[str, str] = {
-    'completed': 'green',
-    'failed': 'red',
-    'crashed': 'bold red',
-    'running': 'yellow',
-}
-
-
-def when(moment: datetime | None) -> str:
-    """An instant for people: UTC to the second, `2026-12-01 21:50:50Z`."""
-    return '' if moment is None else moment.astimezone(UTC).strftime('%Y-%m-%d %H:%M:%SZ')
+Row = TypeVar('Row')
 
 
 def _status(status: str) -> str:
-    return f'[{_STATUS_STYLE.get(status, "")}]{escape(status)}[/]'
+    return f'[{STATUS_STYLE.get(status, "")}]{escape(status)}[/]'
 
 
 def _table(title: str | None = None, caption: str | None = None) -> Table:
@@ -114,100 +93,36 @@ def print_fitted(console: Console, renderable: RenderableType) -> None:
     console.print(Segments(console.render(renderable, console.options.update_width(needed))), crop=False)
 
 
-Row = TypeVar('Row')
+def rich_table(table: Columns[Row], rows: Sequence[Row], *, shown: Sequence[str] | None = None) -> Table:
+    """`table`'s rows as a rich table with the `shown` columns (all by default), a caption naming the others."""
+    names = [name for name in table.columns if shown is None or name in shown]
+    left_out = [name for name in table.columns if name not in names]
+    caption = f'not shown at this width: {", ".join(left_out)} (--json has every field)' if left_out else None
+    rendered = _table(table.title, caption)
+    columns = [table.columns[name] for name in names]
+    for column in columns:
+        rendered.add_column(column.header, no_wrap=column.no_wrap, overflow='fold', justify=column.justify)
+    for row in rows:
+        rendered.add_row(*(_cell(column, row) for column in columns))
+    return _pinned(rendered)
 
 
-@dataclass(frozen=True)
-class _Column(Generic[Row]):
-    header: str
-    cell: Callable[[Row], str]
-    no_wrap: bool = True
-    justify: str = 'left'
+def _cell(column: Column[Row], row: Row) -> str:
+    text = escape(column.cell(row))
+    style = None if column.style is None else column.style(row)
+    return f'[{style}]{text}[/]' if style else text
 
 
-@dataclass(frozen=True)
-class _Columns(Generic[Row]):
-    """A table's columns, in the order shown, and which to leave out first at a narrow terminal."""
-
-    columns: dict[str, _Column[Row]]
-    left_out_first: tuple[str, ...]
-    """Left out in this order until the table fits; a column not named here is always shown."""
-
-    def table(self, rows: Sequence[Row], *, title: str | None, shown: Sequence[str] | None = None) -> Table:
-        """The rows as a table with the `shown` columns (all by default), a caption naming the others."""
-        names = [name for name in self.columns if shown is None or name in shown]
-        left_out = [name for name in self.columns if name not in names]
-        caption = f'not shown at this width: {", ".join(left_out)} (--json has every field)' if left_out else None
-        table = _table(title, caption)
-        for name in names:
-            column = self.columns[name]
-            table.add_column(column.header, no_wrap=column.no_wrap, overflow='fold', justify=column.justify)  # type: ignore[arg-type]
-        for row in rows:
-            table.add_row(*(self.columns[name].cell(row) for name in names))
-        return _pinned(table)
-
-    def fitted(self, console: Console, rows: Sequence[Row], *, title: str | None) -> Table:
-        """`table` with as many columns as fit the console without wrapping an unwrapped column."""
-        shown = list(self.columns)
-        table = self.table(rows, title=title)
-        for name in self.left_out_first:
-            if _natural_width(console, table).minimum <= console.width:
-                break
-            shown.remove(name)
-            table = self.table(rows, title=title, shown=shown)
-        return table
-
-
-def _seconds(value: float | None) -> str:
-    return '' if value is None else f'{value:.1f}s'
-
-
-_RUNS: _Columns[RunSummary] = _Columns(
-    {
-        'run': _Column('run', lambda s: escape(s.run_id)),
-        'status': _Column('status', lambda s: _status(s.status)),
-        'started': _Column('started', lambda s: when(s.started_at)),
-        'agent': _Column('agent', lambda s: escape(s.agent_name or ''), no_wrap=False),
-        'duration': _Column('duration', lambda s: _seconds(s.duration_seconds), justify='right'),
-        'model': _Column('model', lambda s: str(s.model_requests), justify='right'),
-        'tokens': _Column('tokens in/out', lambda s: f'{s.input_tokens}/{s.output_tokens}', justify='right'),
-        'tools': _Column('tools', lambda s: str(s.tool_calls), justify='right'),
-        'failed': _Column('failed', lambda s: str(s.tool_failures), justify='right'),
-        'unresolved': _Column('unresolved', lambda s: str(s.unresolved_effects), justify='right'),
-    },
-    left_out_first=('tokens', 'duration', 'model', 'failed', 'tools', 'agent', 'unresolved', 'started'),
-)
-"""The runs table; at a narrow terminal never without the run or its status."""
-
-
-def summaries_table(
-    summaries: Sequence[RunSummary], *, title: str | None = 'Runs', columns: Sequence[str] | None = None
-) -> Table:
-    """The runs as a table with `columns` (all of them by default), in the usual order."""
-    return _RUNS.table(summaries, title=title, shown=columns)
-
-
-def fitted(console: Console, summaries: Sequence[RunSummary], *, title: str | None = 'Runs') -> Table:
-    """`summaries_table` with as many columns as fit the console without wrapping a run id."""
-    return _RUNS.fitted(console, summaries, title=title)
-
-
-_CONVERSATIONS: _Columns[ConversationSummary] = _Columns(
-    {
-        'conversation': _Column('conversation', lambda c: escape(c.conversation_id)),
-        'runs': _Column('runs', lambda c: str(c.run_count), justify='right'),
-        'first started': _Column('first started', lambda c: when(c.first_started_at)),
-        'last started': _Column('last started', lambda c: when(c.last_started_at)),
-        'head run': _Column('head run', lambda c: escape(c.head_run_id)),
-    },
-    left_out_first=('first started', 'runs', 'last started'),
-)
-"""The conversations table; at a narrow terminal never without the conversation or its head run."""
-
-
-def conversations_table(console: Console, summaries: Sequence[ConversationSummary]) -> Table:
-    """The conversations with as many columns as fit the console without wrapping an id."""
-    return _CONVERSATIONS.fitted(console, summaries, title='Conversations')
+def fitted_table(console: Console, table: Columns[Row], rows: Sequence[Row]) -> Table:
+    """`rich_table` with as many columns as fit the console without wrapping an unwrapped column."""
+    shown = list(table.columns)
+    rendered = rich_table(table, rows)
+    for name in table.left_out_first:
+        if _natural_width(console, rendered).minimum <= console.width:
+            break
+        shown.remove(name)
+        rendered = rich_table(table, rows, shown=shown)
+    return rendered
 
 
 def _tokens(event: StepEvent) -> str:
@@ -392,20 +307,3 @@ def _conversation_label(run: ConversationRun, *, first: bool) -> str:
     elif origin is not None and not first:
         notes.append(origin_text(origin, beside=True))
     return _run_label(run.record, run.status, run.unresolved, notes=notes)
-
-
-def tool_stats_table(stats: Sequence[ToolStats]) -> Table:
-    table = _table('Tools')
-    table.add_column('tool', overflow='fold')
-    for column in ('calls', 'failures', 'unresolved', 'mean', 'max'):
-        table.add_column(column, justify='right', no_wrap=True)
-    for row in stats:
-        table.add_row(
-            escape(row.tool_name),
-            str(row.calls),
-            str(row.failures),
-            str(row.unresolved),
-            '' if row.mean_seconds is None else f'{row.mean_seconds:.3f}s',
-            '' if row.max_seconds is None else f'{row.max_seconds:.3f}s',
-        )
-    return _pinned(table)

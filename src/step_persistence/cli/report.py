@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from step_persistence.cli._common import DEFAULT_STORE, JsonOption, StoreOption, open_store, out, print_json, run
+from step_persistence.cli._common import DEFAULT_STORE, JsonOption, StoreOption, open_store, print_json, run
 
 if TYPE_CHECKING:
     from step_persistence.protocol import StepStore
@@ -39,7 +39,7 @@ def report(store: StoreOption = DEFAULT_STORE, json_output: JsonOption = False) 
     if json_output:
         print_json({'runs': summaries, 'tools': stats})
         return
-    from step_persistence.cli.render import fitted, print_fitted, tool_stats_table
+    from step_persistence.cli.tables import RUNS, TOOLS, show
 
-    print_fitted(out(), fitted(out(), summaries))
-    out().print(tool_stats_table(stats))
+    show(RUNS, summaries)
+    show(TOOLS, stats)

@@ -5,6 +5,7 @@ Every command that takes a run id takes a unique prefix of one (`_common.resolve
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Annotated, Literal
 
@@ -34,6 +35,7 @@ from step_persistence.cli._common import (
 if TYPE_CHECKING:
     from step_persistence.cli.lineage import Continuation
     from step_persistence.protocol import StepStore
+    from step_persistence.reporting import RunSummary
     from step_persistence.status import RunNode
 
 app = typer.Typer(help='Inspect, resolve and delete persisted runs.', no_args_is_help=True, cls=Group)
@@ -65,7 +67,7 @@ def list_runs(
     """List runs, newest first, with their status and counts."""
     cutoff = parse_since(since)
 
-    async def main() -> tuple[list[object], bool]:
+    async def main() -> tuple[list[RunSummary], bool]:
         from step_persistence.cli.listing import candidate_runs, select_summaries
 
         async with open_store(store) as opened:
@@ -80,18 +82,18 @@ def list_runs(
                 wanted=None if status is not None or not limit else limit + 1,
             )
             summaries, more = await select_summaries(opened, records, status=status, limit=limit or None)
-            return list(summaries), more
+            return summaries, more
 
     summaries, more = run(main)
     if json_output:
         print_json(summaries)
         return
     if not summaries:
-        out().print('No run matches.' if status or agent or since or parent or conversation else 'No runs.')
+        print('No run matches.' if status or agent or since or parent or conversation else 'No runs.')
         return
-    from step_persistence.cli.render import fitted, print_fitted
+    from step_persistence.cli.tables import RUNS, show
 
-    print_fitted(out(), fitted(out(), summaries))  # type: ignore[arg-type]
+    show(RUNS, summaries)
     if more:
         end = 'oldest' if oldest_first else 'newest'
         warn(f'showing the {end} {limit} matching runs; --limit N shows more, --limit 0 every one')
@@ -141,17 +143,18 @@ def show(run_id: RunArgument, store: StoreOption = DEFAULT_STORE, json_output: J
             continuation_text,
             effects_table,
             events_table,
-            fitted,
+            fitted_table,
             origin_text,
             print_fitted,
             snapshots_table,
         )
+        from step_persistence.cli.tables import RUNS
 
         out().print(f'Run [bold]{escape(found)}[/]', soft_wrap=True, highlight=False)
         lineage = [] if record.origin is None else [origin_text(record.origin)]
         for line in [*lineage, *(continuation_text(each) for each in went_on)]:
             out().print(line, soft_wrap=True, highlight=False)
-        print_fitted(out(), fitted(out(), [summary], title=None))
+        print_fitted(out(), fitted_table(out(), dataclasses.replace(RUNS, title=None), [summary]))
         display(events_table(events))
         display(effects_table(effects))
         display(snapshots_table(snapshots))
