@@ -99,8 +99,12 @@ def import_everything() -> None:
     """Every module of the package (commands import theirs when they run: the stores, pydantic-ai, rich,
     Alembic) and every record's validator built (each is built on first use), so no child does either."""
     for module in pkgutil.walk_packages(step_persistence.__path__, 'step_persistence.'):
-        if module.name != 'step_persistence.migrations.env':  # Alembic's script, run inside a migration
+        if module.name == 'step_persistence.migrations.env':  # Alembic's script, run inside a migration
+            continue
+        try:
             importlib.import_module(module.name)
+        except Exception:  # left to the child that imports it, which reports the error as a command would
+            continue
     records = [value for value in vars(step_persistence.records).values() if inspect.isclass(value)]
     for record in records:
         if issubclass(record, pydantic.BaseModel) and record.__module__ == step_persistence.records.__name__:
