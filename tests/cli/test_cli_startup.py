@@ -15,7 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import get_args
+from typing import NamedTuple, get_args
 
 import pytest
 from pydantic_ai.messages import ModelRequest, UserPromptPart
@@ -39,7 +39,7 @@ NOT_FOR_A_SQLITE_READ = (
 RUN = 'agent.-run-1'
 
 LOADED = """
-import json, sys
+import gc, json, sys
 heavy = json.loads(sys.argv[2])
 sys.argv = ['step-persistence', *json.loads(sys.argv[1])]
 from step_persistence.cli import main
@@ -49,14 +49,23 @@ try:
 except SystemExit as exit:
     code = exit.code or 0
 loaded = {name for name in heavy for module in sys.modules if (module + '.').startswith(name + '.')}
-print(json.dumps({'loaded': sorted(loaded), 'code': code}))
+frozen = gc.get_freeze_count() if gc.isenabled() else None
+print(json.dumps({'loaded': sorted(loaded), 'code': code, 'frozen': frozen}))
 """
 
 
-def started(*args: str, watched: tuple[str, ...] = HEAVY) -> tuple[set[str], str]:
-    """Which of `watched` (modules and packages) the console script's entry point had imported once
-    `step-persistence ARGS...` ended (in a new interpreter, its output a pipe), and what the command
-    printed before; the command must succeed."""
+class Started(NamedTuple):
+    loaded: set[str]
+    """Which of the modules and packages watched were imported."""
+    printed: str
+    frozen: int | None
+    """How many objects the garbage collector ignores (`gc.freeze`) at the end; `None`: it was not collecting."""
+
+
+def started(*args: str, watched: tuple[str, ...] = HEAVY) -> Started:
+    """What `step-persistence ARGS...` had done once it ended, in a new interpreter with its output a pipe:
+    which of `watched` the console script's entry point had imported, what the command printed, and how the
+    garbage collector was left; the command must succeed."""
     completed = subprocess.run(
         [sys.executable, '-c', LOADED, json.dumps(args), json.dumps(watched)],
         capture_output=True,
@@ -67,12 +76,12 @@ def started(*args: str, watched: tuple[str, ...] = HEAVY) -> tuple[set[str], str
     *printed, last = completed.stdout.strip().splitlines()
     result = json.loads(last)
     assert result['code'] == 0, (args, completed.stdout, completed.stderr)
-    return set(result['loaded']), '\n'.join(printed)
+    return Started(set(result['loaded']), '\n'.join(printed), result['frozen'])
 
 
 def loaded(*args: str) -> set[str]:
     """Which of `HEAVY` `step-persistence ARGS...` imported (it must succeed)."""
-    return started(*args)[0]
+    return started(*args).loaded
 
 
 async def store_with_a_run(url: str) -> str:
@@ -130,17 +139,18 @@ async def test_a_sqlite_read_of_no_message_imports_no_pydantic_ai_no_alembic_and
 ) -> None:
     url = await store_with_a_run(f'sqlite:///{tmp_path / "runs.db"}')
     plain = words in PLAIN_TABLES
-    found, printed = started(*words, '--store', url, watched=(*NOT_FOR_A_SQLITE_READ, 'rich'))
+    found, printed, frozen = started(*words, '--store', url, watched=(*NOT_FOR_A_SQLITE_READ, 'rich'))
     assert RUN in printed
     assert found & set(NOT_FOR_A_SQLITE_READ) == set(), found
     assert ('rich' in found) != plain, (found, 'tables in a pipe are plain text; trees go through rich')
+    assert frozen, 'collecting again once the store is open, what start-up made left out'
 
 
 @pytest.mark.anyio
 @pytest.mark.parametrize('words', [['runs', 'list'], ['report'], ['runs', 'unresolved']], ids=' '.join)
 async def test_a_file_store_read_imports_no_sql_and_no_other_driver(words: list[str], tmp_path: Path) -> None:
     url = await store_with_a_run(f'file://{tmp_path / "runs"}')
-    found, printed = started(*words, '--store', url)
+    found, printed, _ = started(*words, '--store', url)
     assert RUN in printed
     assert found & SQL_AND_OTHER_DRIVERS == set(), found
 
@@ -153,7 +163,7 @@ def test_a_memory_store_command_imports_no_store_library(words: list[str]) -> No
 @pytest.mark.anyio
 async def test_a_command_that_shows_messages_still_decodes_them(tmp_path: Path) -> None:
     url = await store_with_a_run(f'sqlite:///{tmp_path / "runs.db"}')
-    found, printed = started('runs', 'messages', RUN, '--store', url)
+    found, printed, _ = started('runs', 'messages', RUN, '--store', url)
     assert 'question' in printed
     assert 'pydantic_ai' in found
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import typer
 
 from step_persistence.cli import conversations, db, runs
-from step_persistence.cli._common import DEFAULT_STORE, Command, Group, StoreOption
+from step_persistence.cli._common import DEFAULT_STORE, Command, Group, StoreOption, hold_collection
 from step_persistence.cli.copy import copy
 from step_persistence.cli.maintenance import gc, prune
 from step_persistence.cli.report import report
@@ -48,4 +48,5 @@ def demo(store: StoreOption = DEFAULT_STORE) -> None:
 
 def main() -> None:
     """Console-script entry point."""
+    hold_collection()
     app()

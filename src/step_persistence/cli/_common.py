@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import json
 import re
 import sys
@@ -48,6 +49,7 @@ __all__ = [
     'display',
     'escape',
     'fail',
+    'hold_collection',
     'json_timestamp',
     'missing_location',
     'open_store',
@@ -57,6 +59,7 @@ __all__ = [
     'print_json',
     'resolve_conversation_id',
     'resolve_run_id',
+    'resume_collection',
     'run',
     'stderr',
     'visible',
@@ -279,6 +282,27 @@ def parse_since(text: str | None) -> datetime | None:
     return moment if moment.tzinfo is not None else moment.astimezone()
 
 
+def hold_collection() -> None:
+    """Collect no cyclic garbage while the command starts (the console script's first step), until
+    `resume_collection`; a command that opens no store (help, `db`, `demo`) runs without collecting."""
+    gc.disable()
+
+
+def resume_collection() -> None:
+    """Collect garbage again, among the objects made from now on.
+
+    What start-up made (modules, classes, validators, the schema, the open store) lives until the
+    process exits, so it is frozen (`gc.freeze`) rather than walked again by each collection: the
+    full collections that imports set off would otherwise cost about 50 ms of a `runs list`
+    (benchmarks/cli_startup.py). Only after `hold_collection`: a process that imports this module
+    for another reason (a test) keeps its collector as it is.
+    """
+    if gc.isenabled():
+        return
+    gc.freeze()
+    gc.enable()
+
+
 @asynccontextmanager
 async def open_store(url: str, *, create: bool = False, given_as: str = STORE_GIVEN_AS) -> AsyncIterator[StepStore]:
     """Open the store at `url`; exit with a clear message if the URL is invalid.
@@ -306,6 +330,7 @@ async def open_store(url: str, *, create: bool = False, given_as: str = STORE_GI
                 await store.ready_database(write=True)
             else:
                 await _require_schema(store, url, given_as)
+        resume_collection()
         yield store
 
 
