@@ -193,8 +193,9 @@ def batch_agent(store: BatchStore, name: str, plan: Choreography) -> Agent[None,
 async def test_parallel_batch_with_a_failing_sibling_stays_consistent(make_store: StoreMaker) -> None:
     rng = random.Random(20261130)
     outcomes: set[tuple[str, ...]] = set()
+    inner = await make_store()
     for iteration in range(50):
-        store = BatchStore(await make_store(), yielding=bool(iteration % 2))
+        store = BatchStore(inner, yielding=bool(iteration % 2))
         kind = iteration % 3
         plan = Choreography(
             quick_blocks=kind == 0,
@@ -206,7 +207,7 @@ async def test_parallel_batch_with_a_failing_sibling_stays_consistent(make_store
         with pytest.raises(RuntimeError, match='sibling failed'):
             await agent.run('go')
 
-        [run] = await store.list_runs()
+        [run] = await inner.list_runs(agent_name=f'batch{iteration}')
         snapshot = await store.latest_snapshot(run_id=run.run_id, include_interrupted=True)
         assert snapshot is not None and snapshot.state == 'interrupted'
         in_snapshot = returned_call_ids(snapshot.messages)
