@@ -13,6 +13,7 @@ from step_persistence.records import (
     RunRecord,
     RunStatus,
     SnapshotRef,
+    SnapshotState,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
@@ -21,7 +22,15 @@ from step_persistence.records import (
 if TYPE_CHECKING:
     from step_persistence.reclaiming import MediaCollection
 
-__all__ = ['BatchingStepStore', 'StepStore', 'batch_writer', 'write_each', 'write_steps']
+__all__ = [
+    'BatchingStepStore',
+    'StepStore',
+    'SupportsSnapshotStates',
+    'batch_writer',
+    'snapshot_states',
+    'write_each',
+    'write_steps',
+]
 
 
 @runtime_checkable
@@ -194,6 +203,29 @@ class BatchingStepStore(StepStore, Protocol):
     async def write_batch(self, writes: StepWrites) -> None:
         """Apply `writes` with exactly the effect of the individual calls in their order."""
         ...
+
+
+@runtime_checkable
+class SupportsSnapshotStates(StepStore, Protocol):
+    """A store that reads the states of a run's snapshots without reading their messages."""
+
+    async def list_snapshot_states(self, *, run_id: str) -> list[SnapshotState]:
+        """The state of each retained snapshot of the run, in sequence order: what
+        `[s.state for s in await list_snapshots(run_id=..., include_interrupted=True)]` gives, without
+        reading (or decoding) a message. `[]` for an unknown run; a snapshot whose state cannot be read is
+        skipped and logged."""
+        ...
+
+
+async def snapshot_states(store: StepStore, *, run_id: str) -> list[SnapshotState]:
+    """The states of the run's retained snapshots, in sequence order, from any store: its
+    `list_snapshot_states` (`SupportsSnapshotStates`, looked up by name as `batch_writer` does), else
+    `list_snapshots`, which reads the messages too."""
+    list_states = getattr(store, 'list_snapshot_states', None)
+    if callable(list_states):
+        states: list[SnapshotState] = await list_states(run_id=run_id)
+        return states
+    return [snapshot.state for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True)]
 
 
 def batch_writer(store: StepStore) -> Callable[[StepWrites], Awaitable[None]] | None:

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from step_persistence.protocol import StepStore
+from step_persistence.protocol import StepStore, snapshot_states
 from step_persistence.records import RunRecord, SnapshotState, StepEvent, ToolEffectRecord, utc_now
 from step_persistence.status import DEFAULT_STALE_AFTER, RunStatus, run_status
 
@@ -84,7 +84,7 @@ async def summarize_run(
     """The summary of one run."""
     events = await store.list_events(run_id=record.run_id)
     unresolved = await store.list_unresolved_tool_effects(run_id=record.run_id)
-    snapshots = await store.list_snapshots(run_id=record.run_id, include_interrupted=True)
+    states = await snapshot_states(store, run_id=record.run_id)
     ended_at = next((event.timestamp for event in reversed(events) if event.kind in _TERMINAL_KINDS), None)
     usages = [event.usage for event in events if event.usage is not None]
     return RunSummary(
@@ -100,8 +100,8 @@ async def summarize_run(
         tool_calls=sum(event.kind == 'tool_call_started' for event in events),
         tool_failures=sum(event.kind == 'tool_call_failed' for event in events),
         unresolved_effects=len(unresolved),
-        snapshots=len(snapshots),
-        latest_snapshot_state=snapshots[-1].state if snapshots else None,
+        snapshots=len(states),
+        latest_snapshot_state=states[-1] if states else None,
         input_tokens=sum(usage.input_tokens for usage in usages),
         output_tokens=sum(usage.output_tokens for usage in usages),
         cache_read_tokens=sum(usage.cache_read_tokens for usage in usages),

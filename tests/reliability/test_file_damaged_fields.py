@@ -209,6 +209,7 @@ async def test_one_damaged_field_never_hides_the_rest(
             await store.get_tool_effect(run_id='victim', tool_call_id=call_id)
     seqs = [snapshot.seq for snapshot in await store.list_snapshots(run_id='victim', include_interrupted=True)]
     await store.latest_snapshot(run_id='victim')
+    await store.list_snapshot_states(run_id='victim')
 
     healthy_events = [0, 2] if name == 'events.jsonl' else [0, 1, 2]
     assert [step for step in events if step in healthy_events] == healthy_events

@@ -187,6 +187,7 @@ async def observe(store: MongoStepStore) -> dict[str, Any]:
         'a': await store.get_tool_effect(run_id='victim', tool_call_id='a'),
         'b': await store.get_tool_effect(run_id='victim', tool_call_id='b'),
         'snapshots': [(s.seq, s.state, s.step_index, dump(s.messages)) for s in snapshots],
+        'snapshot states': await store.list_snapshot_states(run_id='victim'),
         'latest': None if latest is None else (latest.seq, latest.state, latest.step_index, dump(latest.messages)),
     }
 

@@ -214,6 +214,7 @@ async def observe(store: SqlStepStore, run_id: str) -> dict[str, Any]:
         'events': await store.list_events(run_id=run_id),
         'snapshots': [(s.seq, s.step_index, s.state, fingerprint(s.messages)) for s in snapshots],
         'complete': [s.seq for s in await store.list_snapshots(run_id=run_id)],
+        'snapshot states': await store.list_snapshot_states(run_id=run_id),
         'latest': None if latest is None else (latest.seq, fingerprint(latest.messages)),
         'latest of any state': await latest_seq(store, run_id),
         'effects': await store.list_tool_effects(run_id=run_id),

@@ -2,6 +2,7 @@
 
 The SQL and MongoDB stores answer the same questions with indexed queries; the in-memory store
 and the file store's index answer them here, with the same argument checks and the same order.
+`stored_snapshot_state` checks a state those two stores read for `list_snapshot_states`.
 """
 
 from __future__ import annotations
@@ -10,9 +11,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from step_persistence._arguments import require_limit, require_text
-from step_persistence.records import ConversationSummary, RunRecord
+from step_persistence.records import SNAPSHOT_STATES, ConversationSummary, RunRecord, SnapshotState
 
-__all__ = ['ConversationFilter', 'RunFilter', 'conversation_summaries', 'run_order']
+__all__ = ['ConversationFilter', 'RunFilter', 'conversation_summaries', 'run_order', 'stored_snapshot_state']
+
+
+def stored_snapshot_state(value: object) -> SnapshotState:
+    """`value` (a snapshot's stored state) if it is one of `SnapshotState`'s; `ValueError` otherwise."""
+    if not isinstance(value, str) or value not in SNAPSHOT_STATES:
+        raise ValueError(f'not a snapshot state: {value!r}')
+    return value  # type: ignore[return-value]
 
 
 def run_order(record: RunRecord, registration: int) -> tuple[object, int]:

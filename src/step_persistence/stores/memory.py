@@ -17,6 +17,7 @@ from step_persistence.records import (
     ConversationSummary,
     RunRecord,
     SnapshotRef,
+    SnapshotState,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
@@ -184,6 +185,9 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
 
     async def list_snapshots(self, *, run_id: str, include_interrupted: bool = False) -> list[ContinuableSnapshot]:
         return [self._materialize(stored) for stored in self._matching(run_id, include_interrupted)]
+
+    async def list_snapshot_states(self, *, run_id: str) -> list[SnapshotState]:
+        return [stored.header.state for stored in self._matching(run_id, include_interrupted=True)]
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
         data = self._run(record)

@@ -597,6 +597,16 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         """Retained matching snapshots in sequence order; unreadable ones are skipped and logged."""
         return await self._snapshots(run_id, include_interrupted=include_interrupted, newest_only=False)
 
+    async def list_snapshot_states(self, *, run_id: str) -> list[SnapshotState]:
+        """The states `snapshots.jsonl` committed the retained snapshots with; no snapshot file is read."""
+        run_paths(self.directory, run_id)
+        none: list[SnapshotState] = []
+        return await self._runs.read_in_turn(run_id, self._retained_states, absent=none)
+
+    def _retained_states(self, index: RunIndex) -> list[SnapshotState]:
+        index.snapshots.catch_up(self._io)
+        return [state for _, state in index.snapshots.retained]
+
     async def _snapshots(
         self, run_id: str, *, include_interrupted: bool, newest_only: bool
     ) -> list[ContinuableSnapshot]:

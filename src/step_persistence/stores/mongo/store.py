@@ -29,12 +29,13 @@ from step_persistence.records import (
     ConversationSummary,
     RunRecord,
     SnapshotRef,
+    SnapshotState,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
 )
 from step_persistence.retention import validate_max_snapshots
-from step_persistence.stores._listing import ConversationFilter, RunFilter
+from step_persistence.stores._listing import ConversationFilter, RunFilter, stored_snapshot_state
 from step_persistence.stores._media import MediaSetting, MessageMedia
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.mongo._call_order import CallOrder
@@ -332,6 +333,18 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         cursor = on.snapshots.find(self._snapshot_query(run_id, include_interrupted)).sort('seq', ASCENDING)
         snapshots = [await self._snapshot(on, run_id, document) for document in await cursor.to_list(None)]
         return [snapshot for snapshot in snapshots if snapshot is not None]
+
+    async def list_snapshot_states(self, *, run_id: str) -> list[SnapshotState]:
+        require_text('run_id', run_id)
+        on = self._on_loop.get()
+        query = self._snapshot_query(run_id, include_interrupted=True)
+        cursor = on.snapshots.find(query, {'_id': False, 'seq': True, 'state': True}).sort('seq', ASCENDING)
+        documents = await on.order.read(run_id, partial(cursor.to_list, None))
+        return read_each(
+            documents,
+            lambda document: f'snapshot {document.get("seq")!r} of run {run_id!r}',
+            lambda document: stored_snapshot_state(document.get('state')),
+        )
 
     # --- tool effects ---
 

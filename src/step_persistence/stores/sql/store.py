@@ -25,12 +25,13 @@ from step_persistence.records import (
     ConversationSummary,
     RunRecord,
     SnapshotRef,
+    SnapshotState,
     StepEvent,
     StepWrites,
     ToolEffectRecord,
 )
 from step_persistence.retention import validate_max_snapshots
-from step_persistence.stores._listing import ConversationFilter, RunFilter
+from step_persistence.stores._listing import ConversationFilter, RunFilter, stored_snapshot_state
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.sql import conversations, listing, reclaiming, rows
@@ -38,7 +39,7 @@ from step_persistence.stores.sql import lifecycle as sql_lifecycle
 from step_persistence.stores.sql.database import Database, DatabaseTarget
 from step_persistence.stores.sql.database_store import DatabaseStore, SchemaNotReadyError
 from step_persistence.stores.sql.media_store import SqlMediaStore
-from step_persistence.stores.sql.schema import events, runs, tool_effects
+from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
 from step_persistence.stores.sql.snapshot_reads import SnapshotReads
 from step_persistence.stores.sql.snapshot_saves import SnapshotSaves
 from step_persistence.stores.sql.statements import WriteStatements
@@ -248,6 +249,14 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         if not await self._ready_to_read():
             return []
         return await self._snapshot_reads.every(run_id, include_interrupted=include_interrupted)
+
+    async def list_snapshot_states(self, *, run_id: str) -> list[SnapshotState]:
+        require_text('run_id', run_id)
+        statement = select(snapshots.c.seq, snapshots.c.state).where(snapshots.c.run_id == run_id)
+        found = await self._read(statement.order_by(snapshots.c.seq))
+        return read_each(
+            found, lambda row: f'snapshot {row.seq} of run {run_id!r}', lambda row: stored_snapshot_state(row.state)
+        )
 
     # --- tool effects ---
 

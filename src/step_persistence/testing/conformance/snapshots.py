@@ -7,7 +7,7 @@ import asyncio
 import pytest
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
-from step_persistence.protocol import StepStore
+from step_persistence.protocol import StepStore, SupportsSnapshotStates, snapshot_states
 from step_persistence.testing.conformance.shared import (
     ConformanceBase,
     StoreFactory,
@@ -85,6 +85,16 @@ class SnapshotsConformance(ConformanceBase):
         assert newest is not None and (newest.step_index, newest.state) == (3, 'interrupted')
         assert [s.step_index for s in await store.list_snapshots(run_id='st')] == [1, 2]
         assert [s.step_index for s in await store.list_snapshots(run_id='st', include_interrupted=True)] == [1, 2, 3]
+        await self._states_are(store, 'st', ['complete', 'complete', 'interrupted'])
+
+    async def _states_are(self, store: StepStore, run_id: str, states: list[str]) -> None:
+        """The run's snapshot states are `states`: those of `list_snapshots`, what `snapshot_states` reads, and
+        what `list_snapshot_states` reads where the store has it."""
+        listed = await store.list_snapshots(run_id=run_id, include_interrupted=True)
+        assert [snapshot.state for snapshot in listed] == states
+        assert await snapshot_states(store, run_id=run_id) == states
+        if isinstance(store, SupportsSnapshotStates):
+            assert await store.list_snapshot_states(run_id=run_id) == states
 
     async def test_only_interrupted_snapshots_give_no_complete_one(self, store: StepStore) -> None:
         await self._register(store, 'int')
@@ -95,6 +105,7 @@ class SnapshotsConformance(ConformanceBase):
     async def test_snapshots_of_unknown_run(self, store: StepStore) -> None:
         assert await store.latest_snapshot(run_id='missing', include_interrupted=True) is None
         assert await store.list_snapshots(run_id='missing', include_interrupted=True) == []
+        await self._states_are(store, 'missing', [])
 
     async def test_snapshot_idempotency_key_is_a_no_op_when_repeated(self, store: StepStore) -> None:
         await self._register(store, 'idem')
@@ -137,6 +148,9 @@ class SnapshotsConformance(ConformanceBase):
             await store.save_snapshot(_snapshot('ret', step, state='complete' if state == 'c' else 'interrupted'))
         retained = await store.list_snapshots(run_id='ret', include_interrupted=True)
         assert [s.step_index for s in retained] == kept
+        await self._states_are(
+            store, 'ret', ['complete' if states[step - 1] == 'c' else 'interrupted' for step in kept]
+        )
         newest = await store.latest_snapshot(run_id='ret', include_interrupted=True)
         assert newest is not None and newest.step_index == len(states)
         complete_steps = [step for step, state in enumerate(states, start=1) if state == 'c']
