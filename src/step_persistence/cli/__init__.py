@@ -9,7 +9,14 @@ from __future__ import annotations
 import typer
 
 from step_persistence.cli import conversations, db, runs
-from step_persistence.cli._common import DEFAULT_STORE, Command, Group, StoreOption, hold_collection
+from step_persistence.cli._common import (
+    DEFAULT_STORE,
+    Command,
+    Group,
+    StoreOption,
+    hold_collection,
+    resume_collection,
+)
 from step_persistence.cli.copy import copy
 from step_persistence.cli.maintenance import gc, prune
 from step_persistence.cli.report import report
@@ -43,6 +50,7 @@ def demo(store: StoreOption = DEFAULT_STORE) -> None:
     """Run the main job end to end: delegation, a crash mid-tool, the run tree, a continuation."""
     from step_persistence.demo import main as demo_main
 
+    resume_collection()
     demo_main(['--store', store])
 
 

@@ -284,7 +284,8 @@ def parse_since(text: str | None) -> datetime | None:
 
 def hold_collection() -> None:
     """Collect no cyclic garbage while the command starts (the console script's first step), until
-    `resume_collection`; a command that opens no store (help, `db`, `demo`) runs without collecting."""
+    `resume_collection`: when its store or database is open (`open_store`, the `db` commands), or its
+    work begins (`demo`); help and usage errors end without collecting."""
     gc.disable()
 
 

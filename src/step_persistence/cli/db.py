@@ -27,6 +27,7 @@ from step_persistence.cli._common import (
     missing_location,
     out,
     print_json,
+    resume_collection,
     run,
 )
 
@@ -98,6 +99,7 @@ def _database(url: str, schema: str | None, *, create: bool) -> Database:
             run(database.aclose)
             fail(missing_location(url, database.sqlite_file), EXIT_UNREACHABLE)
         database.sqlite_file.parent.mkdir(parents=True, exist_ok=True)  # the revision is read before upgrading
+    resume_collection()
     return database
 
 
@@ -237,6 +239,7 @@ def adopt(
     async def main() -> AdoptionPlan | str:
         from step_persistence.adoption.in_place import AdoptionError, adopt, plan_adoption
 
+        resume_collection()
         try:
             return await (plan_adoption(url, table=table) if dry_run else adopt(url, table=table))
         except LookupError:
