@@ -36,6 +36,7 @@ from step_persistence.stores.sql.schema import events, media, messages, runs, sn
 from step_persistence.testing import StepStoreConformance
 from step_persistence.testing.conformance import StoreFactory, sample_history
 from support.backends import postgres_template
+from support.databases import wait_until_a_connection_waits_for_a_lock
 from support.servers import free_port
 from support.servers.postgres import PostgresServer
 
@@ -221,13 +222,7 @@ async def test_a_cancelled_write_leaves_nothing_and_the_engine_serves_the_next(d
         save = asyncio.create_task(
             store.save_snapshot(ContinuableSnapshot(run_id='locked', step_index=1, messages=sample_history(1)))
         )
-        # Each look is a round trip, during which the save reaches the row lock; PostgreSQL shows one snapshot of
-        # pg_stat_activity per transaction (the lock holder's stays open), so each look discards it first.
-        waiting = 0
-        while not waiting:
-            await holding.execute(text('SELECT pg_stat_clear_snapshot()'))
-            found = await holding.execute(text("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"))
-            waiting = found.scalar_one()
+        await wait_until_a_connection_waits_for_a_lock(blocker)
         save.cancel()
         with pytest.raises(asyncio.CancelledError):
             await save
