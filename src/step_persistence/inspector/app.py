@@ -79,8 +79,9 @@ class _Inspector:
         self.context: dict[str, Any] = {'store_label': store_label}
         self.refresh_ms = round(refresh_seconds * 1000)
 
-    def page(self, template: str, status_code: int = 200, **context: Any) -> Response:
-        return render(template, {**self.context, **context}, status_code=status_code)
+    def page(self, request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+        root_path = request.scope.get('root_path', '')
+        return render(template, {**self.context, 'root_path': root_path, **context}, status_code=status_code)
 
     def guarded(self, handler: Handler) -> Handler:
         """`handler`, with bad parameters answered 400 and store failures 503 (logged, redacted)."""
@@ -89,18 +90,18 @@ class _Inspector:
             try:
                 return await handler(request)
             except (_BadRequest, TypeError, ValueError) as error:
-                return self.page('error.html', 400, title='Bad request', message=str(error))
+                return self.page(request, 'error.html', 400, title='Bad request', message=str(error))
             except HTTPException:
                 raise
             except Exception as error:
                 logger.exception('the inspector could not read the store')
                 message = redact_text(f'{type(error).__name__}: {error}')
-                return self.page('error.html', 503, title='The store could not be read', message=message)
+                return self.page(request, 'error.html', 503, title='The store could not be read', message=message)
 
         return endpoint
 
-    def not_found(self, what: str) -> Response:
-        return self.page('error.html', 404, title='Not found', message=what)
+    def not_found(self, request: Request, what: str) -> Response:
+        return self.page(request, 'error.html', 404, title='Not found', message=what)
 
     async def runs(self, request: Request) -> Response:
         params = request.query_params
@@ -116,14 +117,14 @@ class _Inspector:
             start=_number(request, 'start', 0),
             size=_number(request, 'size', queries.PAGE_SIZE),
         )
-        return self.page('runs.html', filters=filters, page=page, statuses=sorted(RUN_STATUSES))
+        return self.page(request, 'runs.html', filters=filters, page=page, statuses=sorted(RUN_STATUSES))
 
     async def run(self, request: Request) -> Response:
         run_id = _text(request, 'id')
         detail = await queries.run_detail(self.store, run_id)
         if detail is None:
-            return self.not_found(f'No run {run_id!r} is stored.')
-        return self.page('run.html', run=detail, refresh_ms=self.refresh_ms)
+            return self.not_found(request, f'No run {run_id!r} is stored.')
+        return self.page(request, 'run.html', run=detail, refresh_ms=self.refresh_ms)
 
     async def run_state(self, request: Request) -> Response:
         state = await queries.run_state(self.store, _text(request, 'id'))
@@ -142,8 +143,8 @@ class _Inspector:
         run_id, seq = _text(request, 'id'), _number(request, 'seq')
         snapshot = await queries.find_snapshot(self.store, run_id, seq)
         if snapshot is None:
-            return self.not_found(f'Run {run_id!r} has no retained snapshot {seq}.')
-        return self.page('messages.html', snapshot=snapshot, messages=message_views(snapshot.messages))
+            return self.not_found(request, f'Run {run_id!r} has no retained snapshot {seq}.')
+        return self.page(request, 'messages.html', snapshot=snapshot, messages=message_views(snapshot.messages))
 
     async def media(self, request: Request) -> Response:
         from pydantic_ai.messages import ModelMessagesTypeAdapter
@@ -154,7 +155,7 @@ class _Inspector:
         snapshot = await queries.find_snapshot(self.store, run_id, seq)
         blob = None if snapshot is None else find_blob(ModelMessagesTypeAdapter.dump_python(snapshot.messages), digest)
         if blob is None:
-            return self.not_found(f'Snapshot {seq} of run {run_id!r} holds no blob {digest}.')
+            return self.not_found(request, f'Snapshot {seq} of run {run_id!r} holds no blob {digest}.')
         disposition = 'inline' if blob.inline else f'attachment; filename="{digest[:16]}"'
         return Response(
             blob.data,
@@ -174,14 +175,14 @@ class _Inspector:
             start=_number(request, 'start', 0),
             size=_number(request, 'size', queries.PAGE_SIZE),
         )
-        return self.page('conversations.html', page=page, agent=agent)
+        return self.page(request, 'conversations.html', page=page, agent=agent)
 
     async def conversation(self, request: Request) -> Response:
         conversation_id = _text(request, 'id')
         detail = await queries.conversation_detail(self.store, conversation_id)
         if detail is None:
-            return self.not_found(f'No run belongs to conversation {conversation_id!r}.')
-        return self.page('conversation.html', conversation=detail, max_runs=queries.MAX_CONVERSATION_RUNS)
+            return self.not_found(request, f'No run belongs to conversation {conversation_id!r}.')
+        return self.page(request, 'conversation.html', conversation=detail, max_runs=queries.MAX_CONVERSATION_RUNS)
 
 
 def create_app(
@@ -231,7 +232,7 @@ def create_app(
     routes.append(Mount('/static', StaticFiles(packages=[('step_persistence.inspector', 'static')]), name='static'))
 
     async def not_found(request: Request, error: Exception) -> Response:
-        return inspector.not_found(f'No page at {request.url.path}.')
+        return inspector.not_found(request, f'No page at {request.url.path}.')
 
     return Starlette(
         routes=routes,

@@ -95,7 +95,8 @@ class Guard:
                 return PlainTextResponse('Wrong token.', 401)
             query = request.url.remove_query_params('token').query
             response = RedirectResponse(request.url.path + (f'?{query}' if query else ''), status_code=303)
-            response.set_cookie(COOKIE_NAME, self._cookie, httponly=True, samesite='strict', path='/')
+            cookie_path = request.scope.get('root_path') or '/'  # the mount path, when an application mounts it
+            response.set_cookie(COOKIE_NAME, self._cookie, httponly=True, samesite='strict', path=cookie_path)
             return response
         if hmac.compare_digest(request.cookies.get(COOKIE_NAME, '').encode(), self._cookie.encode()):
             return None

@@ -14,7 +14,8 @@ from functools import cache
 from typing import Any
 from urllib.parse import urlencode
 
-from jinja2 import Environment, PackageLoader, StrictUndefined
+from jinja2 import Environment, PackageLoader, StrictUndefined, pass_context
+from jinja2.runtime import Context
 from markupsafe import Markup
 from starlette.responses import HTMLResponse
 
@@ -64,10 +65,17 @@ def duration(seconds: float | None) -> str:
     return f'{hours} h {minutes:02d} min'
 
 
-def href(path: str, **params: object) -> str:
-    """`path` with `params` as its query string, each value URL-encoded (`None` values left out)."""
+def href(root_path: str, path: str, **params: object) -> str:
+    """`path` under the application's `root_path` (where it is mounted, `''` at the server's root), with
+    `params` as its query string, each value URL-encoded (`None` values left out)."""
     query = urlencode({name: value for name, value in params.items() if value is not None and value != ''})
-    return f'{path}?{query}' if query else path
+    return f'{root_path}{path}?{query}' if query else f'{root_path}{path}'
+
+
+@pass_context
+def _href(context: Context, path: str, **params: object) -> str:
+    """`href` under the page's `root_path` (templates call it as `href(path, **params)`)."""
+    return href(context.get('root_path', ''), path, **params)
 
 
 @cache
@@ -81,7 +89,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     environment.filters.update(when=when, duration=duration)
-    environment.globals.update(href=href)
+    environment.globals.update(href=_href)
     return environment
 
 
