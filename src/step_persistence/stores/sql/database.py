@@ -10,7 +10,11 @@ A `Database` wraps one of:
   inside the session's current transaction, which the session begins if none is open; the store
   never commits, rolls back or closes it);
 - an application's `sqlite3.Connection` (borrowed: the store runs it on a worker thread and
-  commits each of its own operations; closing the store never closes the connection).
+  commits each of its own operations; closing the store never closes the connection);
+- an application's `asyncpg.Pool` or `asyncpg.Connection` (borrowed, through an engine of the
+  store's over it, `borrowed_asyncpg.py`: a pool's connections are acquired per operation and
+  released; a connection is never closed, and inside the caller's transaction each operation is
+  a savepoint of it).
 
 Each operation is one synchronous function run in one transaction on one connection (see
 `executors.py`): SQLite engines the store builds run the whole transaction in one worker-thread
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sqlite3
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeAlias, TypeVar
@@ -50,6 +55,7 @@ from step_persistence.stores.sql.executors import (
 from step_persistence.stores.sql.naming import TableNames, table_names
 
 if TYPE_CHECKING:
+    import asyncpg  # type: ignore[import-untyped]
     from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession
 
 __all__ = [
@@ -65,9 +71,11 @@ __all__ = [
 Borrowed: TypeAlias = AsyncBind
 """An application's engine, connection or session, which a store uses and never closes."""
 
-DatabaseTarget: TypeAlias = 'str | URL | AsyncEngine | AsyncConnection | AsyncSession'
+DatabaseTarget: TypeAlias = (
+    'str | URL | AsyncEngine | AsyncConnection | AsyncSession | asyncpg.Pool | asyncpg.Connection'
+)
 """What a SQL store is opened on: a URL (the store owns its engine), an application's engine, connection
-or session."""
+or session, or (PostgreSQL) an application's asyncpg pool or connection."""
 
 SqliteTarget: TypeAlias = 'str | os.PathLike[str] | AsyncEngine | AsyncConnection | AsyncSession | None'
 """What a SQLite front door is opened on besides a `sqlite3.Connection`: a path (`None`: `runs.db`),
@@ -131,8 +139,8 @@ class Database:
         """The names of the store's tables, views, indexes and version table here (`table_prefix` before each)."""
         self.description = description
         self.in_caller_transaction = in_caller_transaction
-        """Whether operations run in a transaction the caller controls (an `AsyncConnection` or an
-        `AsyncSession` was given)."""
+        """Whether operations run in a transaction the caller controls (an `AsyncConnection`, an
+        `AsyncSession` or an asyncpg connection was given)."""
         self.migrated = False
         """Whether this process brought the tables to the newest revision, or found them there before a read;
         the stores sharing this database (a step store and its media store) share it (see `DatabaseStore`)."""
@@ -171,14 +179,17 @@ class Database:
 
     @classmethod
     def open(cls, target: DatabaseTarget, *, schema: str | None, table_prefix: str = '') -> Database:
-        """The database a store is built on: from a URL (owned), an engine, a connection or a session (borrowed)."""
+        """The database a store is built on: from a URL (owned), an engine, a connection, a session or an asyncpg
+        pool or connection (borrowed)."""
         if is_async_bind(target):
             return cls.borrowing(target, schema=schema, table_prefix=table_prefix)
         if isinstance(target, str | URL):
             return cls.from_url(target, schema=schema, table_prefix=table_prefix)
+        if _is_asyncpg_target(target):
+            return cls.from_asyncpg(target, schema=schema, table_prefix=table_prefix)
         raise TypeError(
-            f'expected a database URL, an AsyncEngine, an AsyncConnection or an AsyncSession, '
-            f'got {type(target).__name__}'
+            f'expected a database URL, an AsyncEngine, an AsyncConnection, an AsyncSession, or an asyncpg pool '
+            f'or connection, got {type(target).__name__}'
         )
 
     @classmethod
@@ -260,8 +271,10 @@ class Database:
     def for_postgres(
         cls, url_or_engine: DatabaseTarget, *, schema: str | None, table_prefix: str = '', owner: str
     ) -> Database:
-        """The database of a PostgreSQL front door (`owner` names it in errors): a URL, engine, connection or
-        session."""
+        """The database of a PostgreSQL front door (`owner` names it in errors): a URL, engine, connection,
+        session, or asyncpg pool or connection."""
+        if _is_asyncpg_target(url_or_engine):
+            return cls.from_asyncpg(url_or_engine, schema=schema, table_prefix=table_prefix)
         if is_async_bind(url_or_engine):
             dialect_name = _sync_bind(url_or_engine).dialect.name
             if dialect_name != 'postgresql':
@@ -301,6 +314,28 @@ class Database:
             schema=schema,
             table_prefix=table_prefix,
             description=description,
+        )
+
+    @classmethod
+    def from_asyncpg(cls, target: Any, *, schema: str | None = None, table_prefix: str = '') -> Database:
+        """An application's `asyncpg.Pool` or `asyncpg.Connection`, through an engine the store builds over it.
+
+        A pool lends a connection per operation, given back when it ends; each operation commits, as
+        on an engine. A connection is the store's only one: outside a transaction each operation
+        commits; inside the caller's (`connection.is_in_transaction()`) it is a savepoint of it, so
+        the caller's commit or rollback decides, and no run's head is cached. Closing the store
+        closes neither; their type codecs are left as they are (see `borrowed_asyncpg.py`).
+        """
+        from step_persistence.stores.sql.borrowed_asyncpg import asyncpg_engine, describe, is_pool
+
+        return cls(
+            AsyncExecutor(asyncpg_engine(target)),
+            dialect_name='postgresql',
+            owns_engine=True,
+            in_caller_transaction=not is_pool(target),
+            schema=schema,
+            table_prefix=table_prefix,
+            description=describe(target),
         )
 
     @classmethod
@@ -348,6 +383,16 @@ class Database:
         open."""
         if self._owns_engine:
             await self._executor.dispose()
+
+
+def _is_asyncpg_target(value: object) -> bool:
+    """Whether `value` is an `asyncpg.Pool` or an `asyncpg.Connection` (one acquired from a pool included).
+
+    Neither exists before asyncpg is imported, so it is looked up rather than imported: a store on a URL
+    or an engine never loads asyncpg for this check.
+    """
+    asyncpg = sys.modules.get('asyncpg')
+    return asyncpg is not None and isinstance(value, asyncpg.Pool | asyncpg.Connection)
 
 
 def _sync_bind(bind: Borrowed) -> Engine | Connection:

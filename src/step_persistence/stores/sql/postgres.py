@@ -1,7 +1,7 @@
 """The PostgreSQL front doors, `PostgresStepStore` and `PostgresMediaStore` (asyncpg: `step-persistence[postgres]`).
 
-Both open their database with `Database.for_postgres` (a URL, engine or connection, and an
-optional schema), so the two take it the same way.
+Both open their database with `Database.for_postgres` (a URL, engine, connection or session, or an
+application's asyncpg pool or connection, and an optional schema), so the two take it the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +23,15 @@ class PostgresStepStore(SqlStepStore):
     `aclose()`), an application's `AsyncEngine` (never
     disposed) or `AsyncConnection` (the store writes in the caller's transaction and never
     commits, rolls back or closes it).
+
+    An application on raw asyncpg passes its `asyncpg.Pool` or `asyncpg.Connection` instead (see
+    `stores/sql/borrowed_asyncpg.py`). A pool lends the store a connection for each operation,
+    which commits, and gets it back when the operation ends. A connection is shared: outside a
+    transaction each operation commits; while the caller has one open, each operation is a
+    savepoint of it, so the caller's commit keeps the store's writes and its rollback undoes them
+    (the store never commits, rolls back or ends the caller's transaction). `aclose()` closes
+    neither, and the store installs no type codec on them: the caller's queries decode JSON as
+    before. A pool or connection with `json` or `jsonb` codecs of its own is refused (`TypeError`).
 
     `schema` puts the tables and the migration version table in that PostgreSQL schema (created
     if missing, by the first write or `migrate()`; reading never creates or migrates anything),
@@ -52,9 +61,10 @@ class PostgresStepStore(SqlStepStore):
 
 
 class PostgresMediaStore(SqlMediaStore):
-    """A SQL media store on PostgreSQL (asyncpg): a `postgresql://` URL, an `AsyncEngine` or an
-    `AsyncConnection`, and an optional schema, as for `PostgresStepStore`; `table=` keeps the blobs in a
-    table of that name (see `SqlMediaStore`)."""
+    """A SQL media store on PostgreSQL (asyncpg): a `postgresql://` URL, an `AsyncEngine`, an
+    `AsyncConnection`, or an application's `asyncpg.Pool` or `asyncpg.Connection`, and an optional
+    schema, as for `PostgresStepStore`; `table=` keeps the blobs in a table of that name (see
+    `SqlMediaStore`)."""
 
     def __init__(
         self,
