@@ -10,6 +10,7 @@ from step_persistence import lifecycle
 from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
 from step_persistence._history import EncodedMessage, decode_messages
+from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus, next_unit_state
 from step_persistence.protocol import write_each
 from step_persistence.reclaiming import MediaCollection, validate_grace
 from step_persistence.records import (
@@ -66,6 +67,9 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         self._registrations = itertools.count()
         self._continued: dict[tuple[str, int], str] = {}
         """The run stored as the continuation of each continued snapshot `(run_id, seq)`."""
+        self._workflows: dict[str, WorkflowRecord] = {}
+        self._units: dict[str, dict[str, DurableUnit]] = {}
+        """The durable journal (`step_persistence.durable.protocol.JournalStore`): units by workflow, then key."""
 
     def _run(self, write: Write) -> _RunData:
         """The data of the run `write` is for, registering it bare if it is not stored."""
@@ -223,6 +227,50 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
             await lifecycle.delete_delegated_runs(self, run_id)
         self._runs.pop(run_id, None)
         self._continued = {snapshot: run for snapshot, run in self._continued.items() if run != run_id}
+
+    # --- the durable journal (JournalStore) ---
+
+    async def start_workflow(self, record: WorkflowRecord) -> WorkflowRecord:
+        require_text('workflow_id', record.workflow_id)
+        stored = self._workflows.get(record.workflow_id)
+        if stored is None:
+            self._workflows[record.workflow_id] = record
+            self._units[record.workflow_id] = {}
+            return record
+        again = stored.model_copy(
+            update={'attempts': stored.attempts + 1, 'status': 'running', 'updated_at': record.updated_at}
+        )
+        self._workflows[record.workflow_id] = again
+        return again
+
+    async def get_workflow(self, *, workflow_id: str) -> WorkflowRecord | None:
+        require_text('workflow_id', workflow_id)
+        return self._workflows.get(workflow_id)
+
+    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus) -> None:
+        require_text('workflow_id', workflow_id)
+        stored = self._workflows.get(workflow_id)
+        if stored is None:
+            raise LookupError(f'no durable workflow {workflow_id!r} is stored')
+        self._workflows[workflow_id] = stored.model_copy(update={'status': status})
+
+    async def record_unit(self, unit: DurableUnit) -> None:
+        units = self._units.get(unit.workflow_id)
+        if units is None:
+            raise LookupError(f'no durable workflow {unit.workflow_id!r} is stored')
+        written = next_unit_state(units.get(unit.unit_key), unit)
+        if written is not None:
+            units[unit.unit_key] = written
+
+    async def list_units(self, *, workflow_id: str) -> list[DurableUnit]:
+        require_text('workflow_id', workflow_id)
+        units = self._units.get(workflow_id, {})
+        return sorted(units.values(), key=lambda unit: (unit.started_at, unit.unit_key))
+
+    async def delete_workflow(self, *, workflow_id: str) -> None:
+        require_text('workflow_id', workflow_id)
+        self._workflows.pop(workflow_id, None)
+        self._units.pop(workflow_id, None)
 
     async def collect_media(self, *, grace: timedelta) -> MediaCollection:
         """Nothing to collect: a snapshot's messages go with it, and media stays inline."""

@@ -31,7 +31,7 @@ from step_persistence.stores.sql.naming import CLASH_REMEDY
 
 __all__ = ['HEAD_REVISION', 'SCHEMA_REVISIONS', 'DatabaseStore', 'SchemaNotReadyError']
 
-SCHEMA_REVISIONS: tuple[str, ...] = ('0001', '0002', '0003', '0004', '0005', '0006', '0007')
+SCHEMA_REVISIONS: tuple[str, ...] = ('0001', '0002', '0003', '0004', '0005', '0006', '0007', '0008')
 """The revisions of the packaged migrations, oldest first (tests/sql/test_sql_read_only.py checks them
 against Alembic's history), so that a read checks the revision without importing Alembic."""
 

@@ -36,6 +36,8 @@ __all__ = [
     'VERSION_TABLE',
     'VIEWS',
     'conversations',
+    'durable_units',
+    'durable_workflows',
     'events',
     'history_lines',
     'media',
@@ -328,6 +330,47 @@ media = Table(
     ),
 )
 """Content-addressed blobs (the SQL media store); shared by runs, never deleted with one."""
+
+durable_workflows = Table(
+    'durable_workflows',
+    TABLES,
+    Column('workflow_id', String, primary_key=True),
+    Column('agent_name', String),
+    Column('run_id', String, doc="pydantic-ai's `run_id` of the run (the workflow id for a top-level run)."),
+    Column('status', String, nullable=False, doc='`running`, `completed` or `failed`.'),
+    Column('code_version', String),
+    Column('inputs', JSON_DOCUMENT, nullable=False),
+    Column('attempts', Integer, nullable=False),
+    Column('owner', String, doc='The process holding the lease (recovery of abandoned runs).'),
+    Column('lease_expires_at', DateTimeUTC),
+    Column('fencing_epoch', BigInteger, nullable=False),
+    Column('created_at', DateTimeUTC, nullable=False),
+    Column('updated_at', DateTimeUTC, nullable=False),
+)
+"""Durable workflows (`WorkflowRecord`, docs/durable.md): one row per workflow id."""
+
+durable_units = Table(
+    'durable_units',
+    TABLES,
+    Column(
+        'workflow_id',
+        String,
+        ForeignKey('durable_workflows.workflow_id', ondelete='CASCADE'),
+        primary_key=True,
+    ),
+    Column('unit_key', String, primary_key=True),
+    Column('name', String, nullable=False),
+    Column('kind', String, nullable=False),
+    Column('status', String, nullable=False, doc='`started`, `completed` (final) or `failed`.'),
+    Column('tool_call_id', String, doc='The tool call a `tool` unit ran.'),
+    Column('fingerprint', String),
+    Column('result', JSON_DOCUMENT, doc="`{'value': payload}`: the encoded result of a completed unit."),
+    Column('error', Text),
+    Column('attempts', Integer, nullable=False),
+    Column('started_at', DateTimeUTC, nullable=False),
+    Column('ended_at', DateTimeUTC),
+)
+"""The units of each durable workflow (`DurableUnit`), one row per `(workflow_id, unit_key)`."""
 
 VIEWS = MetaData()
 """The reporting views, described as tables (never created from here: migrations 0003 and 0006 do), in a metadata of

@@ -1,0 +1,165 @@
+"""`SqlJournal`: the durable journal (`JournalStore`) in the `durable_workflows` and `durable_units` tables.
+
+It lives in the database of the `SqlStepStore` it is built on (revision 0008 creates the tables),
+and runs each operation as the store does: one synchronous function in one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from functools import partial
+from typing import Any
+
+from sqlalchemy import case, delete, select, update
+
+from step_persistence._arguments import require_text
+from step_persistence._reading import read_each, read_or_skip
+from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus
+from step_persistence.records import utc_now
+from step_persistence.stores.sql.dialects import dialect_insert
+from step_persistence.stores.sql.executors import Transaction
+from step_persistence.stores.sql.schema import durable_units, durable_workflows
+from step_persistence.stores.sql.store import SqlStepStore
+
+__all__ = ['SqlJournal']
+
+_WORKFLOW_COLUMNS = tuple(durable_workflows.c)
+_UNIT_COLUMNS = tuple(durable_units.c)
+
+
+def _workflow_values(record: WorkflowRecord) -> dict[str, Any]:
+    return record.model_dump()
+
+
+def _workflow_from_row(row: Mapping[str, Any]) -> WorkflowRecord:
+    return WorkflowRecord.model_validate(dict(row))
+
+
+def _unit_values(unit: DurableUnit) -> dict[str, Any]:
+    values = unit.model_dump()
+    values['result'] = None if unit.status != 'completed' else {'value': unit.result}
+    return values
+
+
+def _unit_from_row(row: Mapping[str, Any]) -> DurableUnit:
+    values = dict(row)
+    stored = values.pop('result')
+    values['result'] = stored['value'] if isinstance(stored, dict) else None
+    return DurableUnit.model_validate(values)
+
+
+class SqlJournal:
+    """The journal of `store`'s database; writes create or upgrade the schema as the store's writes do."""
+
+    def __init__(self, store: SqlStepStore) -> None:
+        self._store = store
+        database = store._db
+        insert = dialect_insert(database.dialect_name)
+        self._insert_workflow = insert(durable_workflows).on_conflict_do_nothing(
+            index_elements=[durable_workflows.c.workflow_id]
+        )
+        unit_insert = insert(durable_units)
+        excluded = unit_insert.excluded
+        again = excluded.status == 'started'
+        self._upsert_unit = unit_insert.on_conflict_do_update(
+            index_elements=[durable_units.c.workflow_id, durable_units.c.unit_key],
+            set_={
+                'name': excluded.name,
+                'kind': excluded.kind,
+                'status': excluded.status,
+                'tool_call_id': excluded.tool_call_id,
+                'fingerprint': excluded.fingerprint,
+                'result': excluded.result,
+                'error': excluded.error,
+                'attempts': case((again, durable_units.c.attempts + 1), else_=durable_units.c.attempts),
+                'started_at': case((again, excluded.started_at), else_=durable_units.c.started_at),
+                'ended_at': excluded.ended_at,
+            },
+            # A completed unit is final (`next_unit_state`): a later write leaves it as it is.
+            where=durable_units.c.status != 'completed',
+        )
+
+    def __repr__(self) -> str:
+        return f'SqlJournal({self._store!r})'
+
+    async def _write(self, operation: Any) -> Any:
+        await self._store._ready()
+        return await self._store._db.run(operation, write=True)
+
+    def _start(self, transaction: Transaction, *, values: dict[str, Any]) -> Any:
+        if transaction.execute(self._insert_workflow, values).rowcount == 0:
+            transaction.execute(
+                update(durable_workflows)
+                .where(durable_workflows.c.workflow_id == values['workflow_id'])
+                .values(attempts=durable_workflows.c.attempts + 1, status='running', updated_at=values['updated_at'])
+            )
+        return transaction.execute(
+            select(*_WORKFLOW_COLUMNS).where(durable_workflows.c.workflow_id == values['workflow_id'])
+        ).first()
+
+    async def start_workflow(self, record: WorkflowRecord) -> WorkflowRecord:
+        require_text('workflow_id', record.workflow_id)
+        row = await self._write(partial(self._start, values=_workflow_values(record)))
+        return _workflow_from_row(row._mapping)
+
+    async def get_workflow(self, *, workflow_id: str) -> WorkflowRecord | None:
+        require_text('workflow_id', workflow_id)
+        found = await self._store._read(
+            select(*_WORKFLOW_COLUMNS).where(durable_workflows.c.workflow_id == workflow_id)
+        )
+        if not found:
+            return None
+        return read_or_skip(f'durable workflow {workflow_id!r}', partial(_workflow_from_row, found[0]._mapping))
+
+    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus) -> None:
+        require_text('workflow_id', workflow_id)
+
+        def end(transaction: Transaction) -> int:
+            statement = (
+                update(durable_workflows)
+                .where(durable_workflows.c.workflow_id == workflow_id)
+                .values(status=status, updated_at=utc_now())
+            )
+            return int(transaction.execute(statement).rowcount)
+
+        if await self._write(end) == 0:
+            raise LookupError(f'no durable workflow {workflow_id!r} is stored')
+
+    async def record_unit(self, unit: DurableUnit) -> None:
+        values = _unit_values(unit)
+
+        def record(transaction: Transaction) -> bool:
+            exists = transaction.execute(
+                select(durable_workflows.c.workflow_id).where(durable_workflows.c.workflow_id == unit.workflow_id)
+            ).first()
+            if exists is None:
+                return False
+            transaction.execute(self._upsert_unit, values)
+            return True
+
+        if not await self._write(record):
+            raise LookupError(f'no durable workflow {unit.workflow_id!r} is stored')
+
+    async def list_units(self, *, workflow_id: str) -> list[DurableUnit]:
+        require_text('workflow_id', workflow_id)
+        found = await self._store._read(
+            select(*_UNIT_COLUMNS)
+            .where(durable_units.c.workflow_id == workflow_id)
+            .order_by(durable_units.c.started_at, durable_units.c.unit_key)
+        )
+        return read_each(
+            found,
+            lambda row: f'durable unit {row.unit_key!r} of workflow {workflow_id!r}',
+            lambda row: _unit_from_row(row._mapping),
+        )
+
+    async def delete_workflow(self, *, workflow_id: str) -> None:
+        require_text('workflow_id', workflow_id)
+        if await self._store._holds_nothing():
+            return
+
+        def remove(transaction: Transaction) -> None:
+            transaction.execute(delete(durable_units).where(durable_units.c.workflow_id == workflow_id))
+            transaction.execute(delete(durable_workflows).where(durable_workflows.c.workflow_id == workflow_id))
+
+        await self._write(remove)

@@ -1,0 +1,157 @@
+"""The durable journal (`JournalStore`): workflows, units, the finality of a completed unit.
+
+Not part of `StepStoreConformance`: a store that holds a journal (see
+`step_persistence.durable.journals.journal_for`) runs this mixin as well, with the same
+`make_store` fixture.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from step_persistence.durable.journals import journal_for
+from step_persistence.durable.protocol import JournalStore
+from step_persistence.durable.records import DurableUnit, WorkflowRecord
+from step_persistence.testing.conformance.shared import T0, ConformanceBase, StoreFactory
+
+__all__ = ['JournalConformance']
+
+RESULT: Any = {'kind': 'tool_return', 'value': {'items': [1, 2.5, None, 'ü ✓'], 'empty': {}, 'flag': False}}
+
+
+def _workflow(workflow_id: str = 'wf', **fields: Any) -> WorkflowRecord:
+    values: dict[str, Any] = {
+        'workflow_id': workflow_id,
+        'agent_name': 'agent',
+        'run_id': workflow_id,
+        'code_version': 'v1',
+        'inputs': {'prompt': 'hello ✓', 'fingerprint': 'abc'},
+        'created_at': T0,
+        'updated_at': T0,
+        **fields,
+    }
+    return WorkflowRecord.model_validate(values)
+
+
+def _unit(key: str, status: str = 'started', *, workflow_id: str = 'wf', offset: int = 0, **fields: Any) -> DurableUnit:
+    values: dict[str, Any] = {
+        'workflow_id': workflow_id,
+        'unit_key': key,
+        'name': 'agent__model.request',
+        'kind': 'model',
+        'status': status,
+        'fingerprint': 'f-' + key,
+        'started_at': T0 + timedelta(seconds=offset),
+        **fields,
+    }
+    return DurableUnit.model_validate(values)
+
+
+class JournalConformance(ConformanceBase):
+    """What every durable journal must do."""
+
+    @pytest.fixture
+    async def journal(self, make_store: StoreFactory) -> JournalStore:
+        return journal_for(await make_store())
+
+    async def test_a_workflow_round_trips(self, journal: JournalStore) -> None:
+        record = _workflow()
+        assert await journal.start_workflow(record) == record
+        assert await journal.get_workflow(workflow_id='wf') == record
+        assert await journal.get_workflow(workflow_id='other') is None
+
+    async def test_the_first_start_wins_and_later_starts_count_attempts(self, journal: JournalStore) -> None:
+        first = _workflow()
+        await journal.start_workflow(first)
+        await journal.end_workflow(workflow_id='wf', status='failed')
+        later = _workflow(code_version='v2', inputs={'prompt': 'other'}, updated_at=T0 + timedelta(hours=1))
+        again = await journal.start_workflow(later)
+        assert again == first.model_copy(update={'attempts': 2, 'status': 'running', 'updated_at': later.updated_at})
+        assert await journal.get_workflow(workflow_id='wf') == again
+
+    async def test_concurrent_starts_store_one_workflow(self, journal: JournalStore) -> None:
+        records = [_workflow(code_version=f'v{n}') for n in range(5)]
+        started = await asyncio.gather(*(journal.start_workflow(record) for record in records))
+        assert len({record.code_version for record in started}) == 1
+        assert sorted(record.attempts for record in started) == [1, 2, 3, 4, 5]
+
+    async def test_ending_a_workflow_sets_its_status(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await journal.end_workflow(workflow_id='wf', status='completed')
+        stored = await journal.get_workflow(workflow_id='wf')
+        assert stored is not None and stored.status == 'completed'
+        with pytest.raises(LookupError):
+            await journal.end_workflow(workflow_id='missing', status='completed')
+
+    async def test_a_unit_goes_from_started_to_completed_with_its_result(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        tool: dict[str, Any] = {
+            'kind': 'tool',
+            'name': 'agent__function_toolset__tools.call_tool:send',
+            'tool_call_id': 'call-1',
+        }
+        started = _unit('u1', **tool)
+        await journal.record_unit(started)
+        assert await journal.list_units(workflow_id='wf') == [started]
+        completed = _unit('u1', 'completed', result=RESULT, ended_at=T0 + timedelta(seconds=1), **tool)
+        await journal.record_unit(completed)
+        assert await journal.list_units(workflow_id='wf') == [completed]
+
+    async def test_a_completed_unit_is_final(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        completed = _unit('u1', 'completed', result=None, ended_at=T0)
+        await journal.record_unit(_unit('u1'))
+        await journal.record_unit(completed)
+        await journal.record_unit(_unit('u1', offset=5))
+        await journal.record_unit(_unit('u1', 'failed', error='late', ended_at=T0))
+        assert await journal.list_units(workflow_id='wf') == [completed]
+
+    async def test_a_started_unit_started_again_counts_an_attempt(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await journal.record_unit(_unit('u1'))
+        await journal.record_unit(_unit('u1', 'failed', error='boom ✓', ended_at=T0 + timedelta(seconds=1)))
+        [failed] = await journal.list_units(workflow_id='wf')
+        assert (failed.status, failed.error, failed.attempts) == ('failed', 'boom ✓', 1)
+        await journal.record_unit(_unit('u1', offset=10))
+        await journal.record_unit(_unit('u1', 'completed', offset=10, result=RESULT, ended_at=T0))
+        [completed] = await journal.list_units(workflow_id='wf')
+        assert (completed.status, completed.attempts, completed.result) == ('completed', 2, RESULT)
+        assert completed.started_at == T0 + timedelta(seconds=10)
+        assert completed.error is None
+
+    async def test_units_list_in_start_order_per_workflow(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await journal.start_workflow(_workflow('other'))
+        for key, offset in [('late', 30), ('early', -30), ('b-tie', 0), ('a-tie', 0)]:
+            await journal.record_unit(_unit(key, offset=offset))
+        await journal.record_unit(_unit('elsewhere', workflow_id='other'))
+        assert [unit.unit_key for unit in await journal.list_units(workflow_id='wf')] == [
+            'early',
+            'a-tie',
+            'b-tie',
+            'late',
+        ]
+        assert [unit.unit_key for unit in await journal.list_units(workflow_id='other')] == ['elsewhere']
+        assert await journal.list_units(workflow_id='missing') == []
+
+    async def test_a_unit_of_a_workflow_not_stored_is_refused(self, journal: JournalStore) -> None:
+        with pytest.raises(LookupError):
+            await journal.record_unit(_unit('u1', workflow_id='missing'))
+        assert await journal.list_units(workflow_id='missing') == []
+
+    async def test_deleting_a_workflow_removes_its_units_only(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await journal.start_workflow(_workflow('kept'))
+        await journal.record_unit(_unit('u1'))
+        await journal.record_unit(_unit('u1', workflow_id='kept'))
+        await journal.delete_workflow(workflow_id='wf')
+        await journal.delete_workflow(workflow_id='missing')
+        assert await journal.get_workflow(workflow_id='wf') is None
+        assert await journal.list_units(workflow_id='wf') == []
+        assert [unit.workflow_id for unit in await journal.list_units(workflow_id='kept')] == ['kept']
+        await journal.start_workflow(_workflow())
+        assert await journal.list_units(workflow_id='wf') == []
