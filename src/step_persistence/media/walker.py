@@ -38,6 +38,7 @@ __all__ = [
     'MARKER_VERSION',
     'externalize_media',
     'forget_stored_blob',
+    'needs_externalizing',
     'restore_media',
     'validate_threshold_bytes',
 ]
@@ -157,6 +158,11 @@ def _needs_externalizing(node: Any, threshold: int) -> bool:
             return True
         return any(_needs_externalizing(value, threshold) for value in node.values())
     return False
+
+
+def needs_externalizing(tree: Any, *, threshold_bytes: int = DEFAULT_THRESHOLD_BYTES) -> bool:
+    """Whether `externalize_media` would change `tree` (store anything): synchronous, read-only."""
+    return _needs_externalizing(tree, validate_threshold_bytes(threshold_bytes))
 
 
 def _externalize(node: Any, threshold: int, blobs: dict[tuple[str, str | None], _Blob]) -> Any:

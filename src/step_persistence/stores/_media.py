@@ -12,6 +12,7 @@ from step_persistence.media.protocol import MediaStore
 from step_persistence.media.walker import (
     DEFAULT_THRESHOLD_BYTES,
     externalize_media,
+    needs_externalizing,
     restore_media,
     validate_threshold_bytes,
 )
@@ -55,6 +56,13 @@ class MessageMedia:
         if self.store is None:
             return tree, False
         return await externalize_media(tree, media_store=self.store, threshold_bytes=self.threshold_bytes), True
+
+    def packed_inline(self, message: EncodedMessage) -> PackedMessage | None:
+        """`pack_message`'s result when it involves no media store (none, or nothing to move out), else
+        `None`; synchronous, so a caller in a worker thread goes back to the event loop only when needed."""
+        if self.store is None or not needs_externalizing(message.tree(), threshold_bytes=self.threshold_bytes):
+            return PackedMessage(message.data, externalized=False)
+        return None
 
     async def pack_message(self, message: EncodedMessage) -> PackedMessage:
         """The JSON to persist for `message`: its own bytes, untouched, unless it has payloads to move out.

@@ -8,6 +8,15 @@ Nothing below the store's directory is reached through a symbolic link: files ar
 (`real_directory`), so a link planted for a journal, a run's directory, `snapshots/`, `@media` or
 `@tmp` is refused with `UnsafePath` instead of making writes land (or reads come from) outside the
 store. The store's directory itself may be a link: that is the caller's choice.
+
+**Grouped syncs.** Inside `grouped_syncs()`, a thread's writes are not flushed one by one: each
+file written and each directory synced is kept open until the next `barrier()` (or the group's
+end), which flushes them all at once, in parallel threads, and returns when every one is on the
+disk. A file system commits flushes that wait at the same time together, so a group of writes
+costs about one flush's latency instead of one per file. A barrier is where order matters across
+a power loss (a snapshot's rows and file before the `snapshots.jsonl` line committing it, a staged
+directory's files before its rename); between two barriers, a power loss may keep any subset of
+the writes (a crash of the process keeps them in the order they were made, as without groups).
 """
 
 from __future__ import annotations
@@ -17,8 +26,10 @@ import os
 import secrets
 import stat
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ['FileIo', 'IoCounters', 'Span', 'UnsafePath', 'open_unlinked', 'real_directory']
@@ -61,6 +72,29 @@ class IoCounters:
     files_read: int = 0
     """Reads of a file (each opens it once, whatever the number of bytes)."""
     directories_listed: int = 0
+    files_synced: int = 0
+    """`fsync`s of a file or directory (none with `fsync=False`)."""
+    flushes: int = 0
+    """Waits for the disk: one per `fsync` made alone, one per group of them made together (see the module)."""
+
+
+SYNC_THREADS = 8
+"""Threads a store flushes a group's files with (more files than that queue for a free thread)."""
+
+
+@dataclass
+class _SyncGroup:
+    """The descriptors a thread's group has written (or, for directories, opened) and not flushed yet."""
+
+    files: list[int] = field(default_factory=list[int])
+    directories: dict[str, int] = field(default_factory=dict[str, int])
+
+    def take(self) -> list[int]:
+        """Every pending descriptor, the group left empty."""
+        pending = [*self.files, *self.directories.values()]
+        self.files.clear()
+        self.directories.clear()
+        return pending
 
 
 class FileIo:
@@ -70,13 +104,25 @@ class FileIo:
         self.fsync = fsync
         self.counters = IoCounters()
         self._counting = threading.Lock()
+        self._groups = threading.local()
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_pid = 0
+        self._pool_guard = threading.Lock()
 
-    def _count(self, *, read: int = 0, written: int = 0, files: int = 0, directories: int = 0) -> None:
+    def _count(self, *, read: int = 0, written: int = 0, files: int = 0, directories: int = 0, synced: int = 0) -> None:
         with self._counting:
             self.counters.bytes_read += read
             self.counters.bytes_written += written
             self.counters.files_read += files
             self.counters.directories_listed += directories
+            self.counters.files_synced += synced
+            self.counters.flushes += 1 if synced else 0
+
+    def sync_now(self, fd: int) -> None:
+        """`fsync` an open file at once, in a group too (when fsync is on; the caller keeps `fd` open)."""
+        if self.fsync:
+            os.fsync(fd)
+            self._count(synced=1)
 
     def read_all(self, path: str | Path) -> bytes:
         """The whole content of `path`."""
@@ -152,11 +198,25 @@ class FileIo:
         """Create a new file holding `data`; `FileExistsError` if it exists."""
         self._write_and_close(open_unlinked(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), data)
 
+    def write_uncommitted(self, path: Path, data: bytes) -> None:
+        """Write `data` as the whole of `path` in place (created or truncated), its directory entry synced too.
+
+        Only for a file no reader opens until a later write commits it (a snapshot's file before its
+        `snapshots.jsonl` line): what a crash leaves half-written there is never read, and is
+        overwritten by the next save of that name.
+        """
+        self._write_and_close(open_unlinked(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), data)
+        self.sync_directory(path.parent)
+
     def write_atomic(self, path: Path, data: bytes) -> None:
-        """Replace `path` by a file holding `data`: readers see the old file or the new one, never a mix."""
+        """Replace `path` by a file holding `data`: readers see the old file or the new one, never a mix.
+
+        In a group, the new file is flushed before it replaces the old one (a barrier), so a power
+        loss leaves one of the two whole."""
         temporary = _temporary(path)
         try:
             self.create(temporary, data)
+            self.barrier()
             os.replace(temporary, path)
         except BaseException:
             temporary.unlink(missing_ok=True)
@@ -174,23 +234,96 @@ class FileIo:
             raise
 
     def sync_directory(self, path: Path) -> None:
-        """Make the entries of directory `path` durable (when fsync is on)."""
+        """Make the entries of directory `path` durable (when fsync is on; in a group, at its next barrier)."""
         if not self.fsync:
             return
+        group = self._group()
+        if group is not None and os.fspath(path) in group.directories:
+            return  # flushed at the barrier, with every entry made until then
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        if group is not None:
+            group.directories[os.fspath(path)] = fd
+            return
         try:
-            os.fsync(fd)
+            self.sync_now(fd)
         finally:
             os.close(fd)
 
+    @contextmanager
+    def grouped_syncs(self) -> Iterator[None]:
+        """Defer this thread's flushes within the block to `barrier()` and to the block's end (see the module).
+
+        Nested groups are one group. If the block raises, what it wrote is still flushed (a flush
+        that fails then is not reported over the block's error).
+        """
+        if not self.fsync or self._group() is not None:
+            yield
+            return
+        group = _SyncGroup()
+        self._groups.group = group
+        try:
+            yield
+        except BaseException:
+            with suppress(OSError):
+                self._flush(group)
+            raise
+        else:
+            self._flush(group)
+        finally:
+            self._groups.group = None
+            for fd in group.take():
+                os.close(fd)
+
+    def barrier(self) -> None:
+        """In a group: flush everything the group wrote so far before going on (elsewhere: nothing to do)."""
+        group = self._group()
+        if group is not None:
+            self._flush(group)
+
+    def _group(self) -> _SyncGroup | None:
+        group: _SyncGroup | None = getattr(self._groups, 'group', None)
+        return group
+
+    def _flush(self, group: _SyncGroup) -> None:
+        """`fsync` every pending descriptor of `group` (in parallel when there are several), then close them."""
+        pending = group.take()
+        try:
+            others = [self._sync_pool().submit(os.fsync, fd) for fd in pending[1:]]
+            try:
+                if pending:
+                    os.fsync(pending[0])
+            finally:
+                wait(others)  # every descriptor stays open until no thread uses it
+            for done in others:
+                done.result()
+            self._count(synced=len(pending))
+        finally:
+            for fd in pending:
+                os.close(fd)
+
+    def _sync_pool(self) -> ThreadPoolExecutor:
+        """The threads groups flush with, made on first use (again in a forked child, which has none of them)."""
+        with self._pool_guard:
+            if self._pool is None or self._pool_pid != os.getpid():
+                self._pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix='file-store-fsync')
+                self._pool_pid = os.getpid()
+            return self._pool
+
     def _write_and_close(self, fd: int, data: bytes, *, sync: bool = True) -> None:
-        """Write all of `data` to `fd` (then `fsync` it, when fsync is on and `sync`) and close it."""
+        """Write all of `data` to `fd` (then `fsync` it, when fsync is on and `sync`; in a group, at its next
+        barrier) and close it."""
+        group = self._group() if self.fsync and sync else None
         try:
             self._write_all(fd, data)
-            if self.fsync and sync:
-                os.fsync(fd)
-        finally:
+            if group is not None:
+                group.files.append(fd)
+                return
+            if sync:
+                self.sync_now(fd)
+        except BaseException:
             os.close(fd)
+            raise
+        os.close(fd)
 
     def _write_all(self, fd: int, data: bytes) -> None:
         view = memoryview(data)

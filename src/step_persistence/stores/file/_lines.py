@@ -165,6 +165,7 @@ class Lines:
             directory.parent.mkdir(exist_ok=True)
             real_directory(directory.parent)
             with hold_exclusively(staging.lock_file):
+                self.io.barrier()  # the staged line whole before it appears
                 os.rename(staging.directory, directory)
                 self.io.sync_directory(directory.parent)
                 index = LineIndex(LinePaths(directory), base)

@@ -122,13 +122,12 @@ def hold_exclusively(lock_file: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def replace_token(lock_file: Path, *, fsync: bool) -> None:
+def replace_token(lock_file: Path, *, io: FileIo) -> None:
     """Give a run or line a new token (same length, written in place), so every process's cache of it restarts."""
     fd = open_unlinked(lock_file, os.O_WRONLY)
     try:
         os.pwrite(fd, new_incarnation().encode('ascii'), 0)
-        if fsync:
-            os.fsync(fd)
+        io.sync_now(fd)
     finally:
         os.close(fd)
 

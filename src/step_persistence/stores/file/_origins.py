@@ -107,5 +107,4 @@ class OriginClaims:
     def _write(self, fd: int, content: bytes) -> None:
         os.ftruncate(fd, 0)
         os.pwrite(fd, content, 0)
-        if self.io.fsync:
-            os.fsync(fd)
+        self.io.sync_now(fd)

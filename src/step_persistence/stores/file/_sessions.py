@@ -87,6 +87,10 @@ class RunSessions:
         return await self.in_turn(run_id, partial(self._write, run_id, write, register))
 
     def _write(self, run_id: str, write: Callable[[RunIndex], T], register: Callable[[], None]) -> T:
+        with self.io.grouped_syncs():  # one flush of the files the call wrote, not one per file
+            return self._write_grouped(run_id, write, register)
+
+    def _write_grouped(self, run_id: str, write: Callable[[RunIndex], T], register: Callable[[], None]) -> T:
         try:
             with self.session(run_id, exclusive=True) as index:
                 return write(index)

@@ -98,7 +98,7 @@ def _rewrite(io: FileIo, messages: MessageJournal, keep: set[int], lock_file: Pa
     path = messages.path
     lines = read_lines(path, io.read_all(path))
     kept = b''.join(line + b'\n' for span, line in lines if span not in dropped)
-    replace_token(lock_file, fsync=io.fsync)
+    replace_token(lock_file, io=io)
     io.write_atomic(path, kept)
     return len(dropped)
 

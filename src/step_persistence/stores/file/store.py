@@ -207,8 +207,12 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     def _pack(self, message: EncodedMessage) -> PackedMessage:
         """From a worker thread: a new message as it is written, its payloads stored in the media store.
 
-        The media store is async, so the walker runs on the event loop while the thread waits.
+        The media store is async, so the walker runs on the event loop while the thread waits; a message
+        with nothing to move out (most) is packed here, without that round trip.
         """
+        inline = self._media.packed_inline(message)
+        if inline is not None:
+            return inline
         self._check_media_directory()
         return anyio.from_thread.run(self._media.pack_message, message)
 
@@ -228,8 +232,9 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
 
     def _register_run(self, record: RunRecord) -> None:
         """Create the run, or fill in its bare one; `ValueError` if it is registered already."""
-        if not self._create_run(record, bare=False):
-            self._fill_bare_run(record)
+        with self._io.grouped_syncs():
+            if not self._create_run(record, bare=False):
+                self._fill_bare_run(record)
 
     def _register_bare(self, first: Write) -> None:
         """Create the bare run `first`, its first write, registers (unless another writer just did)."""
@@ -256,6 +261,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
                 staged.snapshots.mkdir()
                 self._io.sync_directory(staging)
                 with self._conversations.registering(stored, registered_ns, staged.run_file):
+                    self._io.barrier()  # the staged files and the index entries before the run appears
                     try:
                         os.rename(staging, paths.directory)
                     except OSError as error:
@@ -285,6 +291,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
                     staged = staging / RUN_FILE_NAME
                     self._io.create(staged, dump_run_file(stored))
                     with self._conversations.registering(stored, registered_ns, staged):
+                        self._io.barrier()
                         os.rename(staged, paths.run_file)
                         self._io.sync_directory(paths.directory)
                     self._io.write_atomic(paths.registration_file, dump_registration_file(registered_ns))
@@ -580,9 +587,12 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         retain = self.max_snapshots_per_run
 
         def commit(view: LineView) -> None:
-            self._io.write_atomic(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, view))
+            # Written in place: no reader opens snapshot `seq` before the journal line commits it.
+            self._io.write_uncommitted(index.paths.snapshot(seq), dump_snapshot_file(snapshot, seq, view))
+            self._io.barrier()  # the snapshot's rows, its file and the step's other writes before its commit
             entry = SnapshotEntry(seq=seq, state=snapshot.state, idempotency_key=key, retain=retain, view=view)
             journal.append(self._io, [(dump_snapshot_journal_line(snapshot, seq, retain, view), entry)])
+            self._io.barrier()  # committed and durable before the line's lock is released
 
         self._saves.save(index, snapshot.encoded_messages(), self._pack, commit)
         for pruned in journal.pruned:
