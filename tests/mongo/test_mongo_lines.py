@@ -78,7 +78,7 @@ async def test_a_40_turn_chat_stores_each_message_once_on_one_line_at_a_constant
     assert len(history) == 4 * 40
     assert await db['messages'].count_documents({}) == len(history), 'each message stored once'
     assert len(await db['messages'].distinct('line')) == 1 and await db['lines'].count_documents({}) == 0
-    on_messages = {name for name, collection, _ in log.commands if collection == 'messages'}
+    on_messages = {name for name, collection in log.per_collection() if collection == 'messages'}
     assert 'insert' in on_messages and not on_messages & {'find', 'aggregate'}, 'no turn reads stored messages'
     assert commands[39] == commands[4], f'commands per turn: {commands}'
 

@@ -60,6 +60,20 @@ class CommandLog(monitoring.CommandListener):
         """The collections targeted by the recorded `name` commands, in order."""
         return [collection for command, collection, _ in self.commands if command == name]
 
+    def per_collection(self) -> list[tuple[str, Any]]:
+        """`(command name, collection)` of every recorded command, a client-level `bulkWrite` counted as
+        its operations (`insert`, `update` or `delete` on their collections)."""
+        found: list[tuple[str, Any]] = []
+        for name, collection, command in self.commands:
+            if name != 'bulkWrite':
+                found.append((name, collection))
+                continue
+            namespaces = [entry['ns'].split('.', 1)[1] for entry in command['nsInfo']]
+            for operation in command['ops']:
+                kind = next(kind for kind in ('insert', 'update', 'delete') if kind in operation)
+                found.append((kind, namespaces[operation[kind]]))
+        return found
+
     def client(self, uri: str) -> AsyncMongoClient[Any]:
         """A pymongo client whose commands this log records (close it after use)."""
         return AsyncMongoClient(uri, event_listeners=[self])

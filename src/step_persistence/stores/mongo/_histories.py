@@ -12,8 +12,9 @@ One save, step by step (`_heads.py` found the head first):
 
 1. `plan_saves(head, histories)` numbers the changed positions right after `head.last_no`. A head
    without a line (a run's first save, with no origin) gets a fresh one, numbered from 1.
-2. The planned documents are inserted in number order on the head's line (`MessageStore.insert`,
-   ordered): one round trip.
+2. `attempt` plans the documents; the batch's writer inserts them in number order on the head's
+   line, ordered, within its own list of writes (`_writes.py`), and `settle` goes on from how
+   many landed.
 3. If number `head.last_no + 1` was taken (another run or writer appended there since), nothing
    was inserted: the save branches. A `lines` document for a new line whose base is the head's
    view is written (`LineBases.branch`), the same positions are planned on it from number 1
@@ -24,8 +25,9 @@ One save, step by step (`_heads.py` found the head first):
    histories whose documents are all in are settled on the line, and the rest branch from the
    newest settled one.
 5. Each history's view `(line, through)` is returned once every document it needs is in, so it
-   always means exactly the history it was saved with; `_writes.py` then inserts the snapshot
-   documents that name it. The head moves to the last history's view.
+   always means exactly the history it was saved with (`landed`: every document of an attempt
+   in); the snapshot documents that name it come after them in `_writes.py`'s ordered list, or
+   are inserted after `settle`. The head moves to the last history's view.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final
 
 from step_persistence._history import EncodedMessage
 from step_persistence.stores._media import PackedMessage
@@ -41,10 +43,20 @@ from step_persistence.stores._positions import NumberedRow, RunHead, SavePlan, p
 from step_persistence.stores.mongo._lines import LineBases, as_line, fresh_line, is_legacy
 from step_persistence.stores.mongo._messages import MessageStore, message_document
 
-__all__ = ['HistoryWrite', 'SavedView']
+__all__ = ['Attempt', 'HistoryWrite', 'SavedView']
 
 _MAX_ATTEMPTS: Final = 16
 """How many lines a write tries before giving up (each attempt after the first is on a fresh branch)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Attempt:
+    """One try at saving histories on a line: the head it builds on, the histories, their plan and documents."""
+
+    head: RunHead
+    remaining: list[list[str]]
+    plan: SavePlan
+    documents: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,50 +89,58 @@ class HistoryWrite:
         """
         await self._pack(plan_saves(head, self.digests).rows)
 
-    async def write(self, head: RunHead) -> tuple[list[SavedView], RunHead]:
-        """Store the message documents; return each history's view and the head after the last one.
+    async def attempt(self, head: RunHead) -> Attempt:
+        """The first try at saving every history on top of `head` (its documents not yet inserted).
 
-        `head` must be the run's (its `incarnation` the run's `registration`); it is not changed.
+        A head without a line gets a fresh one; one on a legacy line branches now (a `lines`
+        document is written).
+        """
+        return await self._attempt(head, self.digests)
+
+    async def settle(self, attempt: Attempt, inserted: int) -> tuple[list[SavedView], RunHead]:
+        """Finish the write once the first `inserted` documents of `attempt` are in, inserted in number order
+        (fewer than all: the next number was taken); return each history's view and the head after the last.
+
+        The attempt's head must be the run's (its `incarnation` the run's `registration`).
         """
         views: list[SavedView] = []
-        remaining = self.digests
-        if not remaining:
-            return views, head
         for _ in range(_MAX_ATTEMPTS):
-            plan = plan_saves(head, remaining)
-            if not plan.rows:
-                views.extend(SavedView(as_line(head.line), through) for through in plan.throughs)
-                return views, self._after(head, remaining[-1], plan.throughs[-1])
-            if head.line is None:
-                head = RunHead(incarnation=head.incarnation, line=fresh_line())
-                plan = plan_saves(head, remaining)
-            elif is_legacy(str(head.line)):
-                head = head.branched(await self._bases.branch(head.base()))
-                plan = plan_saves(head, remaining)
-            inserted = await self._insert(str(head.line), plan)
+            if inserted >= len(attempt.documents):
+                landed, head = self.landed(attempt)
+                return views + landed, head
+            head, remaining, plan = attempt.head, attempt.remaining, attempt.plan
             settled = bisect_right(plan.ends, inserted)
             views.extend(SavedView(as_line(head.line), through) for through in plan.throughs[:settled])
-            if settled == len(remaining):
-                return views, self._after(head, remaining[-1], plan.throughs[-1])
             if settled:
                 head = self._after(head, remaining[settled - 1], plan.throughs[settled - 1])
                 remaining = remaining[settled:]
-            head = head.branched(await self._bases.branch(head.base()))
+            attempt = await self._attempt(head.branched(await self._bases.branch(head.base())), remaining)
+            inserted = await self._messages.insert(attempt.documents)
         raise RuntimeError(
             f'gave up saving messages of run {self._run_id!r}: the next message number was taken on '
             f'{_MAX_ATTEMPTS} lines in a row'
         )
 
-    @staticmethod
-    def _after(head: RunHead, digests: Sequence[str], through: int) -> RunHead:
-        """The head once the history `digests` is saved on `head`'s line through `through`: exactly its view."""
-        return RunHead(incarnation=head.incarnation, line=head.line, last_no=through, latest=list(digests))
+    def landed(self, attempt: Attempt) -> tuple[list[SavedView], RunHead]:
+        """Each history's view and the head after the last one, once every document of `attempt` is in."""
+        if not attempt.remaining:
+            return [], attempt.head
+        head, plan = attempt.head, attempt.plan
+        views = [SavedView(as_line(head.line), through) for through in plan.throughs]
+        return views, self._after(head, attempt.remaining[-1], plan.throughs[-1])
 
-    async def _insert(self, line: str, plan: SavePlan) -> int:
+    async def _attempt(self, head: RunHead, remaining: list[list[str]]) -> Attempt:
+        plan = plan_saves(head, remaining)
+        if plan.rows and head.line is None:
+            head = RunHead(incarnation=head.incarnation, line=fresh_line())
+            plan = plan_saves(head, remaining)
+        elif plan.rows and is_legacy(str(head.line)):
+            head = head.branched(await self._bases.branch(head.base()))
+            plan = plan_saves(head, remaining)
         await self._pack(plan.rows)
         documents = [
             message_document(
-                line,
+                str(head.line),
                 self._run_id,
                 no=row.no,
                 position=row.position,
@@ -129,7 +149,12 @@ class HistoryWrite:
             )
             for row in plan.rows
         ]
-        return await self._messages.insert(documents)
+        return Attempt(head=head, remaining=remaining, plan=plan, documents=documents)
+
+    @staticmethod
+    def _after(head: RunHead, digests: Sequence[str], through: int) -> RunHead:
+        """The head once the history `digests` is saved on `head`'s line through `through`: exactly its view."""
+        return RunHead(incarnation=head.incarnation, line=head.line, last_no=through, latest=list(digests))
 
     async def _pack(self, rows: Sequence[NumberedRow]) -> None:
         for row in rows:
