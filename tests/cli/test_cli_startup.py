@@ -34,8 +34,10 @@ NOT_FOR_A_SQLITE_READ = (
     'motor',
     'sqlalchemy.orm',
     'sqlalchemy.ext.asyncio',
+    'sqlalchemy.dialects.postgresql',
 )
-"""What a SQLite read of no message never loads: the store runs Core statements on a `sqlite3` engine."""
+"""What a SQLite read of no message never loads: the store runs Core statements on a `sqlite3` engine, and
+nothing of the schema or the statements needs SQLAlchemy's PostgreSQL dialect there."""
 RUN = 'agent.-run-1'
 
 LOADED = """

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeAlias
 
-from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.sql.expression import TableClause
 
 from step_persistence._urls import redact_url
 
-DialectInsert = sqlite.Insert | postgresql.Insert
+if TYPE_CHECKING:
+    from sqlalchemy.dialects import postgresql
+
+DialectInsert: TypeAlias = 'sqlite.Insert | postgresql.Insert'
 
 __all__ = [
     'SHARED_DRIVERS',
@@ -116,5 +120,13 @@ def resolve_url(url: str | URL) -> URL:
 
 
 def dialect_insert(dialect_name: str) -> Callable[[TableClause], DialectInsert]:
-    """The dialect's `insert()` construct, which has `on_conflict_do_nothing/update`."""
-    return postgresql.insert if dialect_name == 'postgresql' else sqlite.insert
+    """The dialect's `insert()` construct, which has `on_conflict_do_nothing/update`.
+
+    SQLAlchemy's PostgreSQL dialect is imported here, on first use (about 20 ms), not by every process
+    that opens a SQLite store.
+    """
+    if dialect_name != 'postgresql':
+        return sqlite.insert
+    from sqlalchemy.dialects import postgresql
+
+    return postgresql.insert

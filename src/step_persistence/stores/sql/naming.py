@@ -23,7 +23,13 @@ from sqlalchemy.sql import Executable, visitors
 
 from step_persistence._lru import BoundedLru
 from step_persistence.stores.sql.prepared import Prepared
-from step_persistence.stores.sql.schema import NAMING_CONVENTION, TABLES, VERSION_TABLE, VIEWS
+from step_persistence.stores.sql.schema import (
+    NAMING_CONVENTION,
+    TABLES,
+    VERSION_TABLE,
+    VIEWS,
+    with_postgresql_predicates,
+)
 
 __all__ = [
     'CLASH_REMEDY',
@@ -171,9 +177,9 @@ class TableNames:
         """The schema under these names, indexes and constraints included (what the migrations create), for
         comparing a database against it and for Alembic's autogenerate."""
         if not self.renames:
-            return TABLES
+            return with_postgresql_predicates(TABLES)
         if self._metadata is None:
-            self._metadata = _prefixed_metadata(self)
+            self._metadata = with_postgresql_predicates(_prefixed_metadata(self))
         return self._metadata
 
     def owns(self, name: str | None) -> bool:
@@ -244,6 +250,7 @@ def _prefixed_metadata(names: TableNames) -> MetaData:
                 names.object(str(index.name)),
                 *(copy.c[column.key] for column in index.columns),
                 unique=index.unique,
+                info=dict(index.info),
                 **index.dialect_kwargs,
             )
     return metadata

@@ -22,7 +22,7 @@ from step_persistence._reading import logger
 from step_persistence.records import ContinuableSnapshot, RunOrigin, RunRecord, StepEvent, TokenUsage, ToolEffectRecord
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import events, runs, snapshots, tool_effects
-from step_persistence.stores.sql.types import DateTimeUTC, EpochInstant, JSONText, Tolerant, Unreadable
+from step_persistence.stores.sql.types import DateTimeUTC, EpochInstant, JSONDocument, JSONText, Tolerant, Unreadable
 
 __all__ = [
     'EVENT_COLUMNS',
@@ -165,7 +165,7 @@ def readable(column: ColumnElement[Any], *, name: str | None = None) -> ColumnEl
     statements: each wrapped column is remembered (for `careful`).
     """
     column_type = column.type
-    if not isinstance(column_type, DateTimeUTC | JSON):
+    if not isinstance(column_type, DateTimeUTC | JSON | JSONDocument):
         return column if name is None else column.label(name)
     name = column.key if name is None else name
     wrapped = type_coerce(column, Tolerant(column_type)).label(name)

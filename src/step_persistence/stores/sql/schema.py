@@ -26,11 +26,13 @@ from sqlalchemy import (
     Text,
     text,
 )
+from sqlalchemy.sql.elements import TextClause
 
 from step_persistence.stores.sql.types import JSON_DOCUMENT, DateTimeUTC, EncodedJSON
 
 __all__ = [
     'NAMING_CONVENTION',
+    'PARTIAL_INDEX_PREDICATE',
     'TABLES',
     'TABLE_NAMES',
     'VERSION_TABLE',
@@ -48,6 +50,7 @@ __all__ = [
     'snapshots',
     'tool_call_stats',
     'tool_effects',
+    'with_postgresql_predicates',
 ]
 
 NAMING_CONVENTION: dict[str, str] = {
@@ -69,6 +72,33 @@ CONTINUED = text("origin_kind = 'continued'")
 
 TABLES = MetaData(naming_convention=NAMING_CONVENTION)
 """The step-persistence tables (what the migrations create, and what they are compared with)."""
+
+
+PARTIAL_INDEX_PREDICATE = 'step_persistence_where'
+"""The key of a partial index's `info` holding its predicate (`_unique_where`, `with_postgresql_predicates`)."""
+
+
+def _unique_where(name: str, *columns: str, where: TextClause) -> Index:
+    """A unique index over the rows for which `where` holds (a partial index, on both dialects).
+
+    The predicate is declared for SQLite here (`sqlite_where`) and for PostgreSQL by
+    `with_postgresql_predicates`, which DDL and schema comparisons use: SQLAlchemy checks an option
+    such as `postgresql_where` by importing its dialect, about 20 ms in every process, SQLite-only ones
+    included.
+    """
+    return Index(name, *columns, unique=True, sqlite_where=where, info={PARTIAL_INDEX_PREDICATE: where})
+
+
+def with_postgresql_predicates(metadata: MetaData) -> MetaData:
+    """`metadata` (`TABLES`, or a copy of it, `naming.py`) with the predicate of each partial index declared
+    for PostgreSQL too (`postgresql_where`), as DDL and schema comparisons on PostgreSQL need it; returns
+    `metadata`. Imports SQLAlchemy's PostgreSQL dialect; calling it again changes nothing."""
+    for table in metadata.tables.values():
+        for index in table.indexes:
+            predicate = index.info.get(PARTIAL_INDEX_PREDICATE)
+            if predicate is not None:
+                index.dialect_kwargs['postgresql_where'] = predicate
+    return metadata
 
 
 def _run_fk() -> Column[str]:
@@ -121,14 +151,7 @@ runs = Table(
     Index('ix_runs_agent_name_started_at_id', 'agent_name', 'started_at', 'id'),
     Index('ix_runs_agent_name_conversation_id_started_at_id', 'agent_name', 'conversation_id', 'started_at', 'id'),
     Index('ix_runs_origin_run_id_started_at_id', 'origin_run_id', 'started_at', 'id'),
-    Index(
-        'uq_runs_origin_run_id_origin_seq',
-        'origin_run_id',
-        'origin_seq',
-        unique=True,
-        sqlite_where=CONTINUED,
-        postgresql_where=CONTINUED,
-    ),
+    _unique_where('uq_runs_origin_run_id_origin_seq', 'origin_run_id', 'origin_seq', where=CONTINUED),
     sqlite_autoincrement=True,
 )
 """One agent run (`RunRecord`), plus the counter that numbers its snapshots."""
@@ -203,14 +226,7 @@ events = Table(
     Column('cache_read_tokens', BigInteger),
     Column('cache_write_tokens', BigInteger),
     Index('ix_events_run_id_id', 'run_id', 'id'),
-    Index(
-        'uq_events_run_id_idempotency_key',
-        'run_id',
-        'idempotency_key',
-        unique=True,
-        sqlite_where=IDEMPOTENCY_KEY_SET,
-        postgresql_where=IDEMPOTENCY_KEY_SET,
-    ),
+    _unique_where('uq_events_run_id_idempotency_key', 'run_id', 'idempotency_key', where=IDEMPOTENCY_KEY_SET),
 )
 """The append-only event log (`StepEvent`); append order is `id` order."""
 

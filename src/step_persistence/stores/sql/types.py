@@ -3,7 +3,7 @@
 - `DateTimeUTC`: an instant. PostgreSQL stores it as `timestamptz`; SQLite, which has no time
   zones, as fixed-width UTC text (`YYYY-MM-DD HH:MM:SS.ffffff`), so `ORDER BY` on it orders by
   instant. Naive datetimes are refused on the way in; values come back as aware UTC datetimes.
-- `JSON_DOCUMENT`: `JSON`, stored as `JSONB` on PostgreSQL.
+- `JSON_DOCUMENT`: `JSON`, stored as `JSONB` on PostgreSQL (`JSONDocument`).
 - `EncodedJSON`: a JSON column written from JSON text the caller already produced (bytes or
   str), so a message serialized once by the capability is not parsed and serialized again. It is
   `JSON` on PostgreSQL too (not `JSONB`): `json` keeps the text exactly as written, so a message
@@ -25,16 +25,42 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import JSON, DateTime
-from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
 from sqlalchemy.types import NullType, TypeDecorator, TypeEngine
 
 from step_persistence.records import require_utc
 
-__all__ = ['JSON_DOCUMENT', 'DateTimeUTC', 'EncodedJSON', 'EpochInstant', 'JSONText', 'Tolerant', 'Unreadable']
+__all__ = [
+    'JSON_DOCUMENT',
+    'DateTimeUTC',
+    'EncodedJSON',
+    'EpochInstant',
+    'JSONDocument',
+    'JSONText',
+    'Tolerant',
+    'Unreadable',
+]
 
-JSON_DOCUMENT: TypeEngine[Any] = JSON().with_variant(JSONB(), 'postgresql')
-"""A JSON document column: `JSON`, or `JSONB` on PostgreSQL."""
+
+class JSONDocument(TypeDecorator[Any]):
+    """A JSON document: `JSON`, or `JSONB` on PostgreSQL, whose type SQLAlchemy's PostgreSQL dialect
+    supplies when a statement or DDL is compiled for PostgreSQL (so declaring the column imports no
+    dialect). As `JSON`, Python's `None` is stored as JSON `null`."""
+
+    impl = JSON
+    cache_ok = True
+    should_evaluate_none = True
+
+    def load_dialect_impl(self, dialect: Dialect) -> TypeEngine[Any]:
+        if dialect.name == 'postgresql':
+            from sqlalchemy.dialects.postgresql import JSONB
+
+            return dialect.type_descriptor(JSONB())
+        return dialect.type_descriptor(JSON())
+
+
+JSON_DOCUMENT: TypeEngine[Any] = JSONDocument()
+"""A JSON document column (`JSONDocument`)."""
 
 
 class DateTimeUTC(TypeDecorator[datetime]):
