@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pymongo.errors import OperationFailure, PyMongoError
+from pymongo.write_concern import WriteConcern
 
 from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, StepPersistence, ToolEffectRecord
 from step_persistence.records import StepWrites
@@ -168,9 +170,12 @@ async def test_concurrent_writers_of_one_run_number_its_events_without_gaps_or_r
         assert await event_seqs(scratch, database, 'r') == list(range(1, 3 + 8 * 3 * 2 + 1))
 
 
-async def test_a_run_deleted_by_another_store_is_registered_bare_and_numbered_from_one(
-    mongo_server: MongoServer, scratch: Scratch, client_bulk_write: bool
+@pytest.mark.parametrize('registered_again', [False, True], ids=['bare', 'registered again'])
+@pytest.mark.parametrize('first', ['event', 'snapshot'])
+async def test_a_run_deleted_by_another_store_is_numbered_from_one_again(
+    mongo_server: MongoServer, scratch: Scratch, client_bulk_write: bool, first: str, registered_again: bool
 ) -> None:
+    """The writer remembers the old run's counters and head; its next write finds them stale."""
     database = scratch.fresh_database()
     async with mongo_server.scratch() as other:
         writer, deleter = store_in(scratch, database), store_in(other, database)
@@ -178,13 +183,46 @@ async def test_a_run_deleted_by_another_store_is_registered_bare_and_numbered_fr
         await writer.append_event(event('r', 0))
         await writer.save_snapshot(ContinuableSnapshot(run_id='r', step_index=1, messages=HISTORIES[1]))
         await deleter.delete_run(run_id='r')
-        await writer.append_event(event('r', 1))
-        await writer.save_snapshot(ContinuableSnapshot(run_id='r', step_index=2, messages=HISTORIES[2]))
+        if registered_again:
+            await deleter.register_run(RunRecord(run_id='r', agent_name='new'))
+        writes = [
+            writer.append_event(event('r', 1)),
+            writer.save_snapshot(ContinuableSnapshot(run_id='r', step_index=2, messages=HISTORIES[2])),
+        ]
+        for write in writes if first == 'event' else reversed(writes):
+            await write
         run = await deleter.get_run(run_id='r')
-        assert run is not None and run.agent_name is None, 'registered again, bare'
+        assert run is not None and run.agent_name == ('new' if registered_again else None)
         assert await event_seqs(scratch, database, 'r') == [1]
         [saved] = await deleter.list_snapshots(run_id='r')
         assert (saved.seq, dump(saved.messages)) == (1, dump(HISTORIES[2]))
+
+
+async def test_a_write_error_the_batch_cannot_go_past_is_raised_and_numbering_goes_on(
+    scratch: Scratch, client_bulk_write: bool
+) -> None:
+    database = scratch.fresh_database()
+    store = store_in(scratch, database)
+    await store.register_run(RunRecord(run_id='r'))
+    await store.append_event(event('r', 0))
+    await scratch.client[database]['events'].insert_one({'run_id': 'r', 'seq': 2})  # damage: the next number taken
+    effect = ToolEffectRecord(run_id='r', tool_call_id='c', tool_name='t', status='started')
+    with pytest.raises(OperationFailure, match='E11000'):
+        await store.write_batch(StepWrites(tool_effects=[effect], events=[event('r', 1)]))
+    assert await store.get_tool_effect(run_id='r', tool_call_id='c') == effect, 'what came before it landed'
+    await store.append_event(event('r', 2))
+    assert await event_seqs(scratch, database, 'r') == [1, 2, 3]
+
+
+@pytest.mark.parametrize('client_bulk_write', [True, False], ids=['client bulkWrite', 'per collection'])
+async def test_a_write_concern_error_is_raised(scratch: Scratch, client_bulk_write: bool) -> None:
+    """SecantusDB is a one-node replica set: `w=2` cannot be satisfied (the writes themselves are applied)."""
+    name = scratch.fresh_database()
+    database = scratch.client.get_database(name, write_concern=WriteConcern(w=2, wtimeout=200))
+    writes = ordered_writes.OrderedWrites(database, client_bulk_write=client_bulk_write)
+    operations = [ordered_writes.Insert('events', {'seq': 1}), ordered_writes.Insert('snapshots', {'seq': 1})]
+    with pytest.raises(PyMongoError, match='data-bearing nodes'):
+        await writes.send(operations)
 
 
 async def test_a_replayed_idempotency_key_is_skipped_and_the_rest_of_the_batch_lands(
