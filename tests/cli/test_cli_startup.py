@@ -3,10 +3,10 @@
 The time itself is measured by benchmarks/cli_startup.py (benchmarks/RESULTS.md); here, what each
 command loads: help loads neither pydantic-ai nor SQLAlchemy nor Alembic; a command that reads no
 message (listing, reporting, trees, unresolved calls) loads no pydantic-ai, a read loads no Alembic,
-a read on SQLite neither SQLAlchemy's ORM nor its asyncio extension, a table of runs, tools or
-conversations written to a pipe no rich, and a store of one kind does not load another kind's
-driver. The stores read hold a run with a snapshot, so a command that decoded a message would load
-pydantic-ai.
+a read on SQLite neither SQLAlchemy's ORM, nor its asyncio extension, nor its PostgreSQL dialect, a
+table of runs, tools or conversations written to a pipe no rich, and a store of one kind does not
+load another kind's driver. The stores read hold a run with a snapshot, so a command that decoded a
+message would load pydantic-ai. And typer builds only the commands a command line names.
 """
 
 from __future__ import annotations
@@ -15,13 +15,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import NamedTuple, get_args
+from typing import Any, NamedTuple, get_args
 
 import pytest
+import typer
+import typer.main
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 
 from step_persistence import ContinuableSnapshot, RunRecord, StepEvent, ToolEffectRecord, from_spec
+from step_persistence.cli import app as cli_app
 from step_persistence.cli._common import RUN_STATUS_NAMES, RunStatusName
+from step_persistence.cli.runs import app as runs_app
 from step_persistence.records import RUN_STATUSES, RunStatus
 
 HEAVY = ('pydantic_ai', 'sqlalchemy', 'alembic', 'asyncpg', 'pymongo', 'motor', 'aiosqlite', 'step_persistence.stores')
@@ -177,3 +181,29 @@ async def test_a_command_that_shows_messages_still_decodes_them(tmp_path: Path) 
 
 def test_the_status_names_are_the_records_ones() -> None:
     assert set(get_args(RunStatusName)) == set(RUN_STATUS_NAMES) == set(get_args(RunStatus)) == RUN_STATUSES
+
+
+def test_typer_builds_only_the_commands_a_command_line_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    built: list[str] = []
+    build = typer.main.get_command
+
+    def building(app: typer.Typer) -> Any:
+        """`typer.main.get_command`, noting the function of a command built alone (`cli/lazy.py`)."""
+        if len(app.registered_commands) == 1 and not app.registered_groups:
+            callback = app.registered_commands[0].callback
+            assert callback is not None
+            built.append(callback.__name__)
+        return build(app)
+
+    def built_by(*args: str) -> list[str]:
+        built.clear()
+        with pytest.raises(SystemExit) as exit:
+            cli_app(list(args), prog_name='step-persistence')
+        assert exit.value.code == 0
+        return list(built)
+
+    monkeypatch.setattr(typer.main, 'get_command', building)
+    assert built_by('runs', 'list', '--store', 'memory://') == ['list_runs']
+    every = [info.callback.__name__ for info in runs_app.registered_commands if info.callback is not None]
+    assert len(every) > 1
+    assert built_by('runs', '--help') == every, 'help lists every command, so builds each'

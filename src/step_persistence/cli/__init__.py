@@ -1,7 +1,7 @@
 """The `step-persistence` command: inspect runs, report on them, and manage stores.
 
 Importing this package imports typer and the command modules, which import nothing heavy until a
-command runs (see `_common`).
+command runs (see `_common`); typer builds a group's commands only when one is named (`lazy.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from step_persistence.cli._common import (
     resume_collection,
 )
 from step_persistence.cli.copy import copy
+from step_persistence.cli.lazy import lazily
 from step_persistence.cli.maintenance import gc, prune
 from step_persistence.cli.report import report
 from step_persistence.cli.serve import serve
@@ -35,9 +36,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=Group,
 )
-app.add_typer(runs.app, name='runs')
-app.add_typer(conversations.app, name='conversations')
-app.add_typer(db.app, name='db')
+app.add_typer(lazily(runs.app), name='runs')
+app.add_typer(lazily(conversations.app), name='conversations')
+app.add_typer(lazily(db.app), name='db')
 app.command(cls=Command)(report)
 app.command(cls=Command)(copy)
 app.command(cls=Command)(prune)
