@@ -8,7 +8,8 @@ it), with one tool call and a text answer (4 messages per turn). Per backend, on
 - storage: bytes after 40 turns over bytes after 10 turns (linear growth is 4), and the message
   versions stored after 40 turns next to the distinct messages of the chat (160);
 - overhead per turn (wall time with persistence minus the same turn without, medians over rounds
-  that alternate the two) around turn 5 (turns 4-6) and around turn 40 (turns 38-40);
+  that alternate the two) around turn 5 (turns 4-6) and around turn 40 (turns 38-40), and the same
+  in CPU time (the steadier figure on a shared machine);
 - `list_conversations(limit=20)` among `--conversations` conversations, and
   `list_runs(conversation_id=..., limit=20, newest_first=True)` in a conversation of
   `--conversation-runs` runs (median of 20 calls each).
@@ -68,14 +69,15 @@ def chat_agent(capabilities: list[Any]) -> Agent[None, str]:
     return agent
 
 
-async def chat(agent: Agent[None, str], turns: int) -> list[float]:
-    """Seconds per turn of a `turns`-turn chat."""
+async def chat(agent: Agent[None, str], turns: int) -> list[tuple[float, float]]:
+    """`(wall seconds, CPU seconds)` per turn of a `turns`-turn chat (CPU: `time.process_time`, the whole
+    process, worker threads included)."""
     history: list[ModelMessage] = []
     times = []
     for turn in range(turns):
-        started = time.perf_counter()
+        started, cpu = time.perf_counter(), time.process_time()
         history = (await agent.run(f'question {turn}', message_history=history)).all_messages()
-        times.append(time.perf_counter() - started)
+        times.append((time.perf_counter() - started, time.process_time() - cpu))
     return times
 
 
@@ -158,8 +160,8 @@ async def open_counted(backend: str, root: Path, found: Servers) -> Opened:
 
 
 async def growth(backend: str, root: Path, found: Servers, rounds: int) -> dict[str, float]:
-    without: list[list[float]] = []
-    with_: list[list[float]] = []
+    without: list[list[tuple[float, float]]] = []
+    with_: list[list[tuple[float, float]]] = []
     sizes: dict[int, float] = {}
     versions = 0
     for _ in range(rounds):
@@ -179,13 +181,15 @@ async def growth(backend: str, root: Path, found: Servers, rounds: int) -> dict[
     finally:
         await short.close()
 
-    def overhead(turns: range) -> float:
+    def overhead(turns: range, clock: int) -> float:
         return statistics.median(
-            statistics.median(run[turn] for run in with_) - statistics.median(run[turn] for run in without)
+            statistics.median(run[turn][clock] for run in with_)
+            - statistics.median(run[turn][clock] for run in without)
             for turn in turns
         )
 
-    early, late = overhead(range(3, 6)), overhead(range(TURNS - 3, TURNS))
+    early, late = overhead(range(3, 6), 0), overhead(range(TURNS - 3, TURNS), 0)
+    early_cpu, late_cpu = overhead(range(3, 6), 1), overhead(range(TURNS - 3, TURNS), 1)
     return {
         'bytes 40 / bytes 10': sizes[TURNS] / sizes[10],
         'message versions stored (40 turns)': versions,
@@ -193,6 +197,9 @@ async def growth(backend: str, root: Path, found: Servers, rounds: int) -> dict[
         'overhead ms/turn around turn 5': early * 1e3,
         'overhead ms/turn around turn 40': late * 1e3,
         'turn 40 / turn 5': late / early,
+        'CPU overhead ms/turn around turn 5': early_cpu * 1e3,
+        'CPU overhead ms/turn around turn 40': late_cpu * 1e3,
+        'CPU turn 40 / turn 5': late_cpu / early_cpu,
     }
 
 

@@ -10,12 +10,20 @@ contrast, `history JSON` is what a store that rewrote the history at every snaps
 at that step.
 
     python benchmarks/file_append_cost.py [--steps 1000] [--every 250] [--no-fsync] [--store-only]
+
+`--next-to-harness` (in the benchmark environment: `cd benchmarks && uv run python
+file_append_cost.py --next-to-harness`) measures instead what `bench.py --parts overhead` does for
+the file store, K-step runs of `bench.lookup_agent`, with this store in its default durability and
+with `fsync=False` (benchmarked apart: it does not count for issue 22's targets) next to
+pydantic-ai-harness's file store, rounds alternating the four configurations (none, ours, ours
+without fsync, theirs) in one process, and the flushes and files synced per step of ours.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -171,13 +179,68 @@ def report(samples: list[Sample], every: int, *, fsync: bool, mode: str) -> None
         print(f'| {end} | {last.history_bytes:,} | {written:,.0f} | {read:,.0f} | {store_ms:.2f} | {total_ms:.2f} |')
 
 
+async def next_to_harness(steps_list: list[int], rounds: int, directory: Path) -> None:
+    """Overhead per step (median over `rounds` alternating rounds) of each configuration, in a table."""
+    import bench  # the benchmark environment's: pydantic-ai-harness, the agent bench.py times
+
+    ours = {
+        'ours': FileStepStore(directory / 'ours'),
+        'ours, fsync=False': FileStepStore(directory / 'fast', fsync=False),
+    }
+    theirs = (await bench.open_store('theirs', 'file', directory, bench.Servers())).store
+    stores: dict[str, Any] = {**ours, 'theirs': theirs}
+
+    def capabilities(name: str) -> list[Any]:
+        if name == 'none':
+            return []
+        return [bench.capability('theirs' if name == 'theirs' else 'ours', stores[name])]
+
+    for name in stores:  # warm up
+        await bench.run_agent(3, capabilities(name))
+    print('| K | configuration | overhead ms/step (wall / CPU) | theirs / this (wall) | flushes / files synced |')
+    print('|---:|---|---:|---:|---:|')
+    for steps in steps_list:
+        clocks: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name in ['none', *stores]}
+        synced: dict[str, tuple[int, int]] = {}
+        for _ in range(rounds):
+            for name, (walls, cpus) in clocks.items():
+                counters = ours[name].io_counters if name in ours else None
+                before = (counters.flushes, counters.files_synced) if counters else (0, 0)
+                wall, cpu = time.perf_counter(), time.process_time()
+                await bench.run_agent(steps, capabilities(name))
+                walls.append(time.perf_counter() - wall)
+                cpus.append(time.process_time() - cpu)
+                if counters:
+                    synced[name] = (counters.flushes - before[0], counters.files_synced - before[1])
+
+        wall = {name: _overhead(clocks[name][0], clocks['none'][0], steps) for name in stores}
+        cpu = {name: _overhead(clocks[name][1], clocks['none'][1], steps) for name in stores}
+        for name in stores:
+            flushes, files = synced.get(name, (0, 0))
+            counts = f'{flushes / steps:.2f} / {files / steps:.2f} per step' if name in ours else 'n/a'
+            ratio = wall['theirs'] / wall[name]
+            print(f'| {steps} | {name} | {wall[name]:.2f} / {cpu[name]:.2f} | {ratio:.2f} | {counts} |')
+
+
+def _overhead(seconds: list[float], bare: list[float], steps: int) -> float:
+    """Milliseconds per step of the medians' difference."""
+    return (statistics.median(seconds) - statistics.median(bare)) * 1e3 / steps
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--steps', type=int, default=1000)
     parser.add_argument('--every', type=int, default=250)
     parser.add_argument('--no-fsync', dest='fsync', action='store_false')
     parser.add_argument('--store-only', action='store_true', help='time the store calls alone, without an agent')
+    parser.add_argument('--next-to-harness', action='store_true', help="K-step runs next to the harness's file store")
+    parser.add_argument('--steps-list', type=int, nargs='+', default=[10, 50], help='K for --next-to-harness')
+    parser.add_argument('--rounds', type=int, default=7, help='rounds for --next-to-harness')
     arguments = parser.parse_args()
+    if arguments.next_to_harness:
+        with tempfile.TemporaryDirectory() as directory:
+            asyncio.run(next_to_harness(arguments.steps_list, arguments.rounds, Path(directory)))
+        return
     run = run_store if arguments.store_only else run_agent
     with tempfile.TemporaryDirectory() as directory:
         samples = asyncio.run(run(arguments.steps + 1, arguments.every, Path(directory), fsync=arguments.fsync))
