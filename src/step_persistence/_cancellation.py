@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import anyio
 
@@ -33,7 +33,7 @@ async def run_to_completion(operation: Awaitable[T]) -> T:
     with anyio.CancelScope(shield=True):
         while not task.done():
             try:
-                await asyncio.wait((task,))
+                await _ended(task)
             except asyncio.CancelledError as error:
                 cancellation = error
     if cancellation is not None:
@@ -41,3 +41,18 @@ async def run_to_completion(operation: Awaitable[T]) -> T:
             task.exception()  # retrieved: the caller sees its cancellation, not the operation's outcome
         raise cancellation
     return task.result()
+
+
+async def _ended(task: asyncio.Future[Any]) -> None:
+    """Wait until `task` is done; cancelling the wait leaves `task` running (as `asyncio.wait`, with less work)."""
+    waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+    def wake(_: asyncio.Future[Any]) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    task.add_done_callback(wake)
+    try:
+        await waiter
+    finally:
+        task.remove_done_callback(wake)

@@ -117,6 +117,9 @@ class _RunState:
     """Whether the run's terminal event is queued; nothing is queued after it."""
     open_request: int | None = None
     """The step of the model request started and not yet ended (events), if any."""
+    request_streams: bool = True
+    """Whether the model request being sent is streamed (`ModelRequestContext.streaming`): only then is its
+    model watched (`get_wrapper_model`), since only a stream can hold a response its handler has not returned."""
     stream: StreamedResponse | None = None
     """The stream the open model request is answered on, once its model opened one (`StreamWatch`).
 
@@ -166,7 +169,7 @@ class _RunState:
 
     def key(self, *parts: object) -> str:
         """A deterministic idempotency key: the same writes of a replayed run get the same keys."""
-        base = ':'.join(str(part) for part in (self.run_id, *parts))
+        base = ':'.join(map(str, (self.run_id, *parts)))
         count = self.key_counts.get(base, 0)
         self.key_counts[base] = count + 1
         return base if count == 0 else f'{base}:{count}'
@@ -291,6 +294,14 @@ def _return_part(call: ToolCallPart, result: Any) -> ToolReturnPart:
             metadata=result.metadata,
         )
     return ToolReturnPart(tool_name=call.tool_name, content=result, tool_call_id=call.tool_call_id)
+
+
+def _position_of(message: ModelMessage, history: Sequence[ModelMessage]) -> int | None:
+    """The position of `message` (this object) in `history`, searched from the end, where a request just sent is."""
+    for index in range(len(history) - 1, -1, -1):
+        if history[index] is message:
+            return index
+    return None
 
 
 _WRITES_USED = ('register_run', 'get_run', 'append_event', 'save_snapshot', 'record_tool_effect')
@@ -789,6 +800,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         step = ctx.run_step
         self._end_model_request(None)
         run.open_request, run.stream = step, None
+        run.request_streams = request_context.streaming
         run.spans.model_request(step)
         self._queue_tool_cycle(ctx.messages)
         self._queue_event('model_request_started', step_index=step, key=run.key('model', step, 'started'))
@@ -808,9 +820,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         return response
 
     def get_wrapper_model(self, model: Model) -> Model | None:
-        """`model`, watched for the streams the run's requests open (`_RunState.stream`); unwrapped outside a run."""
+        """`model`, watched for the stream a streamed request of the run opens (`_RunState.stream`).
+
+        Unwrapped outside a run and for a request that is not streamed: the response of one that is
+        not streamed reaches `wrap_model_request` from its handler, and no wrapper costs its request anything.
+        """
         run = self._state
-        if run is None:
+        if run is None or not run.request_streams:
             return None
 
         def watch(stream: StreamedResponse) -> None:
@@ -825,7 +841,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         if step is None or pending is None:
             return
         run.tool_cycle_step = None
-        sent = next((index for index, message in enumerate(live) if message is pending), None)
+        sent = _position_of(pending, live)
         messages = [*live, pending] if sent is None else list(live[: sent + 1])
         self._queue_snapshot(messages, step_index=step, reason='tool_cycle')
 

@@ -14,6 +14,7 @@ completes them) or call `ContinuableSnapshot.model_rebuild()` first.
 
 from __future__ import annotations
 
+import functools
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any, Literal, get_args
 
@@ -260,19 +261,22 @@ class ContinuableSnapshot(_NamesMessages):
         """Build a snapshot whose messages are already encoded, without re-validating the history.
 
         `encoded` must be the encoding of `messages`; stores then write it instead of serializing
-        the whole history again.
+        the whole history again. (A copy of one constructed snapshot with every field replaced: a
+        third of what `model_construct` costs, once per step.)
         """
-        snapshot = cls.model_construct(
-            run_id=run_id,
-            step_index=step_index,
-            messages=messages,
-            conversation_id=conversation_id,
-            parent_run_id=parent_run_id,
-            agent_name=agent_name,
-            timestamp=utc_now(),
-            state=state,
-            idempotency_key=idempotency_key,
-            seq=None,
+        snapshot = _blank_snapshot().model_copy(
+            update={
+                'run_id': run_id,
+                'step_index': step_index,
+                'messages': messages,
+                'conversation_id': conversation_id,
+                'parent_run_id': parent_run_id,
+                'agent_name': agent_name,
+                'timestamp': utc_now(),
+                'state': state,
+                'idempotency_key': idempotency_key,
+                'seq': None,
+            }
         )
         snapshot._encoded = encoded
         return snapshot
@@ -286,6 +290,12 @@ class ContinuableSnapshot(_NamesMessages):
     def history_digest(self) -> str:
         """The digest of the whole history (`_history.history_digest`), by which a kept history is recognised."""
         return history_digest(message.digest for message in self.encoded_messages())
+
+
+@functools.cache
+def _blank_snapshot() -> ContinuableSnapshot:
+    """The snapshot `ContinuableSnapshot.from_encoded` copies, every field of which it replaces."""
+    return ContinuableSnapshot.model_construct(run_id='', step_index=0, messages=[])
 
 
 class ToolEffectRecord(_Record):
@@ -323,9 +333,9 @@ def merge_tool_effect(stored: ToolEffectRecord | None, new: ToolEffectRecord) ->
     """The record an upsert of `new` over `stored` leaves: `new`, keeping stored annotations it leaves null."""
     if stored is None:
         return new
-    return new.model_copy(
-        update={
-            'idempotency_key': new.idempotency_key if new.idempotency_key is not None else stored.idempotency_key,
-            'effect_summary': new.effect_summary if new.effect_summary is not None else stored.effect_summary,
-        }
-    )
+    kept = {
+        name: getattr(stored, name)
+        for name in ('idempotency_key', 'effect_summary')
+        if getattr(new, name) is None and getattr(stored, name) is not None
+    }
+    return new.model_copy(update=kept) if kept else new

@@ -9,9 +9,8 @@ from datetime import timedelta
 from step_persistence import lifecycle
 from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
-from step_persistence._history import EncodedMessage, decode_messages
+from step_persistence._history import EncodedMessage, decode_messages, history_digest
 from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus, next_unit_state
-from step_persistence.protocol import write_each
 from step_persistence.reclaiming import MediaCollection, validate_grace
 from step_persistence.records import (
     ContinuableSnapshot,
@@ -37,7 +36,15 @@ class _StoredSnapshot:
     header: ContinuableSnapshot
     """The snapshot with its `seq` set and its messages left out."""
     messages: tuple[EncodedMessage, ...]
-    history_digest: str
+    digest: str | None = None
+    """`history_digest`, once `find_snapshot` has asked for it."""
+
+    @property
+    def history_digest(self) -> str:
+        """The digest of the history, computed when first looked for rather than at every save."""
+        if self.digest is None:
+            self.digest = history_digest(message.digest for message in self.messages)
+        return self.digest
 
 
 @dataclass
@@ -136,6 +143,9 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return None
 
     async def append_event(self, event: StepEvent) -> None:
+        self._append_event(event)
+
+    def _append_event(self, event: StepEvent) -> None:
         data = self._run(event)
         if event.idempotency_key is not None:
             if event.idempotency_key in data.event_keys:
@@ -149,6 +159,9 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return [] if data is None else list(data.events)
 
     async def save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
+        self._save_snapshot(snapshot)
+
+    def _save_snapshot(self, snapshot: ContinuableSnapshot) -> None:
         data = self._run(snapshot)
         key = snapshot.idempotency_key
         if key is not None:
@@ -157,9 +170,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
             data.snapshot_keys.add(key)
         data.last_seq += 1
         header = snapshot.model_copy(update={'messages': [], 'seq': data.last_seq})
-        data.snapshots[data.last_seq] = _StoredSnapshot(
-            header=header, messages=snapshot.encoded_messages(), history_digest=snapshot.history_digest()
-        )
+        data.snapshots[data.last_seq] = _StoredSnapshot(header=header, messages=snapshot.encoded_messages())
         if self.max_snapshots_per_run is not None:
             keep = retained_seqs(
                 ((seq, stored.header.state) for seq, stored in data.snapshots.items()), self.max_snapshots_per_run
@@ -194,6 +205,9 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return [stored.header.state for stored in self._matching(run_id, include_interrupted=True)]
 
     async def record_tool_effect(self, record: ToolEffectRecord) -> None:
+        self._record_tool_effect(record)
+
+    def _record_tool_effect(self, record: ToolEffectRecord) -> None:
         data = self._run(record)
         data.effects[record.tool_call_id] = merge_tool_effect(data.effects.get(record.tool_call_id), record)
 
@@ -219,7 +233,13 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return sorted(data.effects.values(), key=lambda record: (record.started_at, record.tool_call_id))
 
     async def write_batch(self, writes: StepWrites) -> None:
-        await write_each(self, writes)
+        """The writes in `StepWrites` order, as the calls one by one would make them (in one turn of the loop)."""
+        for effect in writes.tool_effects:
+            self._record_tool_effect(effect)
+        for event in writes.events:
+            self._append_event(event)
+        for snapshot in writes.snapshots:
+            self._save_snapshot(snapshot)
 
     async def delete_run(self, *, run_id: str, cascade: bool = False) -> None:
         require_text('run_id', run_id)
