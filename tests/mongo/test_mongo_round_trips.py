@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pymongo import AsyncMongoClient
 from pymongo.errors import OperationFailure, PyMongoError
 from pymongo.write_concern import WriteConcern
 
@@ -250,3 +251,33 @@ async def test_a_replayed_idempotency_key_is_skipped_and_the_rest_of_the_batch_l
         (1, dump(HISTORIES[1])),
         (4, dump(HISTORIES[4])),
     ]
+
+
+@pytest.fixture(scope='module')
+def server_with_test_commands() -> Iterator[str]:
+    """A SecantusDB server of this test's own, which takes `configureFailPoint` (the session's does not)."""
+    from secantus import SecantusDBServer
+
+    with SecantusDBServer(storage_path=':memory:', host='127.0.0.1', port=0) as server:
+        yield server.uri
+
+
+@pytest.mark.parametrize('code', [59, 115], ids=['CommandNotFound', 'CommandNotSupported'])
+async def test_a_server_refusing_client_bulk_write_is_written_per_collection(
+    server_with_test_commands: str, code: int
+) -> None:
+    """As MongoDB 8.0 does while its feature compatibility version is still 7.0."""
+    log = CommandLog()
+    client: Any = AsyncMongoClient(server_with_test_commands, appName='refuses-bulk-write', event_listeners=[log])
+    try:
+        failing = {'failCommands': ['bulkWrite'], 'errorCode': code, 'appName': 'refuses-bulk-write'}
+        await client.admin.command('configureFailPoint', 'failCommand', mode='alwaysOn', data=failing)
+        store = MongoStepStore(client=client, database=f'refusing_{code}')
+        await store.register_run(RunRecord(run_id='r'))
+        for index in range(3):
+            await store.append_event(event('r', index))
+        assert [item.step_index for item in await store.list_events(run_id='r')] == [0, 1, 2]
+        assert log.named('bulkWrite') == [1], 'refused once, then never sent again'
+        assert log.named('insert').count('events') == 3
+    finally:
+        await client.close()

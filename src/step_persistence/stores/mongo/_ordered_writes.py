@@ -10,6 +10,9 @@ which operation failed (`Stopped`) knows exactly what landed (everything before 
 on from there. A write concern error, or a failure that is not one operation's, is raised.
 
 `OrderedWrites.for_database` asks the server its wire version once (a `hello`) and picks the way.
+A server of 8.0 or later that refuses the command itself (`CommandNotFound`, or
+`CommandNotSupported`, as MongoDB 8.0 answers while its feature compatibility version is still
+7.0) with nothing applied gets the list per collection instead, from then on.
 """
 
 from __future__ import annotations
@@ -20,14 +23,18 @@ from itertools import groupby
 from typing import Any, Final, cast
 
 from pymongo import InsertOne, UpdateOne
-from pymongo.errors import BulkWriteError, ClientBulkWriteException
+from pymongo.errors import BulkWriteError, ClientBulkWriteException, OperationFailure
 
+from step_persistence._reading import logger
 from step_persistence.stores.mongo._client import Database
 
 __all__ = ['CLIENT_BULK_WRITE_WIRE_VERSION', 'Insert', 'Operation', 'OrderedWrites', 'Stopped', 'Update']
 
 CLIENT_BULK_WRITE_WIRE_VERSION: Final = 25
 """The wire version of MongoDB 8.0, the first server with the client-level `bulkWrite` command."""
+
+_REFUSED: Final = frozenset({59, 115})
+"""`CommandNotFound`, `CommandNotSupported`: the server does not take a client-level `bulkWrite` after all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +103,9 @@ class OrderedWrites:
             return None
         if self.client_bulk_write:
             return await self._send_at_once(operations)
+        return await self._send_per_collection(operations)
+
+    async def _send_per_collection(self, operations: Sequence[Operation]) -> Stopped | None:
         start = 0
         for name, run in groupby(operations, key=lambda operation: operation.collection):
             group = list(run)
@@ -115,6 +125,11 @@ class OrderedWrites:
         try:
             await database.client.bulk_write(models, ordered=True, write_concern=database.write_concern)
         except ClientBulkWriteException as error:
+            refused = error.error
+            if isinstance(refused, OperationFailure) and refused.code in _REFUSED and not error.partial_result:
+                logger.info('the server refused a client-level bulkWrite (%s); writing per collection', refused)
+                self.client_bulk_write = False
+                return await self._send_per_collection(operations)
             if error.write_concern_errors or error.error is not None or not error.write_errors:
                 raise
             failures = cast(list[Mapping[str, Any]], error.write_errors)  # documents, whatever the annotation says
