@@ -1,6 +1,6 @@
 """Where MongoDB's overhead per step goes as a run grows: this library's client, or the SecantusDB server.
 
-    cd benchmarks && uv run python mongo_growth.py [--rounds 3]
+    cd benchmarks && uv run python mongo_growth.py [--rounds 3] [--per-collection]
 
 `bench.py` runs every K of a backend on one store, so by K=200 the SecantusDB database already
 holds every earlier round's runs. This script gives each K-step run a fresh database on a fresh
@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import run_agent, servers
 
 from step_persistence import MongoStepStore, StepPersistence
+from step_persistence.stores.mongo import _ordered_writes as ordered_writes
 
 TICKS_PER_SECOND = os.sysconf('SC_CLK_TCK')
 
@@ -78,7 +79,14 @@ async def measure(uri: str, pid: int, rounds: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--rounds', type=int, default=3)
+    parser.add_argument(
+        '--per-collection',
+        action='store_true',
+        help='send each batch per collection, as on a server before MongoDB 8.0 (no client bulkWrite)',
+    )
     arguments = parser.parse_args()
+    if arguments.per_collection:
+        ordered_writes.CLIENT_BULK_WRITE_WIRE_VERSION = 10**6  # type: ignore[misc]
     with servers(Path(tempfile.mkdtemp(prefix='mongo-growth-')), postgres=False, mongo=True) as found:
         assert found.mongo_uri is not None
         asyncio.run(measure(found.mongo_uri, server_pid(found.mongo_uri), arguments.rounds))

@@ -4,7 +4,7 @@ A scripted agent makes K sequential tool calls with `StepPersistence` on a `Mong
 an application's pymongo client, whose command listener records every command sent. Starts a
 throwaway SecantusDB server as the test suite does (tests/support/servers/mongo.py).
 
-    cd benchmarks && uv run python mongo_round_trips.py [--steps 20]
+    cd benchmarks && uv run python mongo_round_trips.py [--steps 20] [--per-collection]
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from bench import _TempPaths
 
 from step_persistence import StepPersistence
 from step_persistence.stores.mongo import MongoStepStore
+from step_persistence.stores.mongo import _ordered_writes as ordered_writes
 from support.scripted import calls, scripted, text
 from support.servers.mongo import mongo_server
 
@@ -74,7 +75,15 @@ async def count(uri: str, steps: int) -> Counter[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--steps', type=int, default=20)
-    steps = parser.parse_args().steps
+    parser.add_argument(
+        '--per-collection',
+        action='store_true',
+        help='send each batch per collection, as on a server before MongoDB 8.0 (no client bulkWrite)',
+    )
+    arguments = parser.parse_args()
+    steps = arguments.steps
+    if arguments.per_collection:
+        ordered_writes.CLIENT_BULK_WRITE_WIRE_VERSION = 10**6  # type: ignore[misc]
     with (
         tempfile.TemporaryDirectory() as root,
         contextlib.contextmanager(mongo_server.__wrapped__)(_TempPaths(Path(root))) as server,
