@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import anyio
 import pytest
 from sqlalchemy import text
 from sqlalchemy.dialects import postgresql, sqlite
@@ -88,3 +89,35 @@ async def test_a_migrated_database_applies_the_predicate(empty_database: EmptyDa
                 await connection.execute(insert_run('second-continuation', 'continued'))
     finally:
         await engine.dispose()
+
+
+CREATE_ALL = """
+import asyncio, sys
+from sqlalchemy import text
+from sqlalchemy.ext.asyncio import create_async_engine
+from step_persistence.stores.sql import TABLES
+
+async def main() -> None:
+    engine = create_async_engine(sys.argv[1])
+    async with engine.begin() as connection:
+        await connection.run_sync(TABLES.create_all)
+        rows = await connection.execute(
+            text("SELECT indexname, indexdef FROM pg_indexes WHERE indexdef LIKE '% WHERE %' ORDER BY indexname")
+        )
+        for name, definition in rows:
+            print(name, definition.split(' WHERE ', 1)[1])
+    await engine.dispose()
+
+asyncio.run(main())
+"""
+"""`TABLES.create_all` on the PostgreSQL database at argv[1], in a new interpreter (nothing has declared the
+PostgreSQL predicates before), printing each partial index created and its predicate."""
+
+
+@pytest.mark.anyio
+async def test_create_all_on_postgresql_makes_the_partial_indexes(postgres_database: EmptyDatabase) -> None:
+    completed = await anyio.run_process([sys.executable, '-c', CREATE_ALL, postgres_database.url])
+    assert completed.stdout.decode().splitlines() == [
+        'uq_events_run_id_idempotency_key (idempotency_key IS NOT NULL)',
+        "uq_runs_origin_run_id_origin_seq ((origin_kind)::text = 'continued'::text)",
+    ]

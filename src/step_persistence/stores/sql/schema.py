@@ -11,6 +11,8 @@ to the database.
 
 from __future__ import annotations
 
+from typing import Any
+
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -24,8 +26,10 @@ from sqlalchemy import (
     String,
     Table,
     Text,
+    event,
     text,
 )
+from sqlalchemy.engine import Connection
 from sqlalchemy.sql.elements import TextClause
 
 from step_persistence.stores.sql.types import JSON_DOCUMENT, DateTimeUTC, EncodedJSON
@@ -82,11 +86,18 @@ def _unique_where(name: str, *columns: str, where: TextClause) -> Index:
     """A unique index over the rows for which `where` holds (a partial index, on both dialects).
 
     The predicate is declared for SQLite here (`sqlite_where`) and for PostgreSQL by
-    `with_postgresql_predicates`, which DDL and schema comparisons use: SQLAlchemy checks an option
-    such as `postgresql_where` by importing its dialect, about 20 ms in every process, SQLite-only ones
-    included.
+    `with_postgresql_predicates`, which DDL and schema comparisons use (`TableNames.metadata()`, and
+    `_before_create` for `create_all` or `create` on PostgreSQL): SQLAlchemy checks an option such as
+    `postgresql_where` by importing its dialect, about 20 ms in every process, SQLite-only ones included.
     """
     return Index(name, *columns, unique=True, sqlite_where=where, info={PARTIAL_INDEX_PREDICATE: where})
+
+
+def _before_create(table: Table, connection: Connection, **_: Any) -> None:
+    """Before `table` is created (`TABLES.create_all`, `table.create`) on PostgreSQL: its partial indexes'
+    predicates declared there too."""
+    if connection.dialect.name == 'postgresql':
+        with_postgresql_predicates(TABLES)
 
 
 def with_postgresql_predicates(metadata: MetaData) -> MetaData:
@@ -429,6 +440,10 @@ tool_call_stats = Table(
 )
 """The `tool_call_stats` view: one row per tool name in the ledger, the fields of `ToolStats`."""
 
+
+for _table in TABLES.tables.values():
+    if any(PARTIAL_INDEX_PREDICATE in index.info for index in _table.indexes):
+        event.listen(_table, 'before_create', _before_create)
 
 TABLE_NAMES: frozenset[str] = frozenset(TABLES.tables)
 """The tables this library owns (besides `VERSION_TABLE`)."""
