@@ -9,6 +9,8 @@ application's rollback removes them, its commit keeps them.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import sys
 from collections.abc import AsyncIterator
@@ -146,7 +148,7 @@ async def test_an_agent_run_is_stored_whole_and_the_callers_pool_or_connection_s
 
     assert await target.fetchval('SELECT 41 + 1') == 42, 'still open, and the application can use it'
     if isinstance(target, asyncpg.Pool):
-        assert not target._closed
+        assert not target.is_closing()
     else:
         assert not target.is_closed() and not target.is_in_transaction()
     async with PostgresStepStore(raw.url) as observer:  # committed, and stored as any store stores it
@@ -181,16 +183,18 @@ async def test_the_callers_json_decoding_is_unchanged(raw: Raw, target: Any) -> 
             assert await decodes_json_as_text(first) and await decodes_json_as_text(second)
 
 
-async def test_json_codecs_of_the_callers_own_are_refused_before_anything_is_written(raw: Raw) -> None:
+@pytest.mark.parametrize('given', ['pool', 'connection'])
+async def test_json_codecs_of_the_callers_own_are_refused_before_anything_is_written(raw: Raw, given: str) -> None:
     async def decode_jsonb(connection: Any) -> None:
         await connection.set_type_codec('jsonb', encoder=json.dumps, decoder=json.loads, schema='pg_catalog')
 
     pool = await raw.pool(min_size=1, max_size=1, init=decode_jsonb)
     try:
-        store = PostgresStepStore(pool)
-        with pytest.raises(TypeError, match='codec of its own'):
-            await store.register_run(RunRecord(run_id='r'))
-        await store.aclose()
+        async with contextlib.AsyncExitStack() as stack:
+            store = PostgresStepStore(pool if given == 'pool' else await stack.enter_async_context(pool.acquire()))
+            with pytest.raises(TypeError, match='codec of its own'):
+                await store.register_run(RunRecord(run_id='r'))
+            await store.aclose()
         assert pool.get_idle_size() == pool.get_size() == 1, 'the connection went back to the pool'
         assert await pool.fetchval("SELECT to_regclass('runs')") is None, 'nothing was written, not even the tables'
     finally:
@@ -300,3 +304,45 @@ async def test_the_docs_example_runs_as_written(raw: Raw) -> None:
         completed = await anyio.run_process([sys.executable, '-c', code], check=False)
     assert completed.returncode == 0, completed.stderr.decode()
     assert completed.stdout.decode().splitlines() == ["['nightly', 'order-42']", "'[1, 2]'"]
+
+
+async def wait_until_blocked_on_a_lock(observer: Any) -> None:
+    """Return once some other session of the database waits for a lock (each look a statement of its own)."""
+    query = "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    for _ in range(10_000):
+        if await observer.fetchval(query):
+            return
+    raise AssertionError('no session waited for a lock')
+
+
+@pytest.mark.parametrize('in_callers_transaction', [False, True], ids=['outside', 'inside'])
+async def test_a_cancelled_operation_on_the_callers_connection_ends_whole_before_the_cancellation(
+    raw: Raw, connection: Any, in_callers_transaction: bool
+) -> None:
+    """Interrupted midway, it would leave the connection in the store's transaction, or the caller's aborted."""
+    store = PostgresStepStore(connection)
+    await store.register_run(RunRecord(run_id='r'))
+    await connection.execute('CREATE TABLE app_orders (id int)')
+    locker = await raw.connect()
+    try:
+        if in_callers_transaction:
+            transaction = connection.transaction()
+            await transaction.start()
+            await connection.execute('INSERT INTO app_orders VALUES (1)')
+        await locker.execute('BEGIN; LOCK TABLE events IN ACCESS EXCLUSIVE MODE')
+        write = asyncio.ensure_future(store.append_event(StepEvent(run_id='r', kind='run_started', step_index=0)))
+        await wait_until_blocked_on_a_lock(locker)
+        write.cancel()  # while its INSERT waits for the lock
+        await locker.execute('ROLLBACK')
+        with pytest.raises(asyncio.CancelledError):  # once the operation has ended
+            await write
+        assert connection.is_in_transaction() is in_callers_transaction, 'no transaction of the store left open'
+        assert await connection.fetchval('SELECT count(*) FROM app_orders') == int(in_callers_transaction)
+        if in_callers_transaction:
+            await transaction.commit()
+        assert await locker.fetchval('SELECT array_agg(step_index) FROM events') == [0], 'written whole, committed'
+        await store.append_event(StepEvent(run_id='r', kind='run_completed', step_index=1))
+        assert [event.step_index for event in await store.list_events(run_id='r')] == [0, 1]
+    finally:
+        await locker.close()
+        await store.aclose()

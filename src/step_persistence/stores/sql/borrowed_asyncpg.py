@@ -11,7 +11,8 @@
   (`connection.is_in_transaction()`: begun with `connection.transaction()` or a `BEGIN`), each
   operation runs in a savepoint of it, released when the operation succeeds and rolled back to
   when it fails: the caller's commit keeps the store's writes, its rollback undoes them, and the
-  store never commits, rolls back or ends the caller's transaction.
+  store never commits, rolls back or ends the caller's transaction. An operation runs to its end
+  even if its caller is cancelled (`UninterruptibleExecutor`).
 
 The caller's type codecs stay as they are. SQLAlchemy's asyncpg dialect installs `json` and
 `jsonb` codecs of its own (`set_type_codec`) on each connection it opens, which would change
@@ -27,18 +28,30 @@ encoder and be stored as a JSON string. That is checked once per pool or connect
 from __future__ import annotations
 
 import itertools
-import sys
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
+import asyncpg  # type: ignore[import-untyped]
 from sqlalchemy.dialects import registry
 from sqlalchemy.dialects.postgresql.asyncpg import PGDialect_asyncpg
 from sqlalchemy.pool import NullPool, StaticPool
 
+from step_persistence._cancellation import run_to_completion
+from step_persistence.stores.sql.executors import Executor, Operation
+
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
 
-__all__ = ['AsyncpgTarget', 'BorrowedAsyncpgDialect', 'asyncpg_engine', 'describe', 'is_pool']
+__all__ = [
+    'AsyncpgTarget',
+    'BorrowedAsyncpgDialect',
+    'UninterruptibleExecutor',
+    'asyncpg_engine',
+    'describe',
+    'is_pool',
+]
+
+T = TypeVar('T')
 
 AsyncpgTarget = Any
 """An `asyncpg.Pool` or `asyncpg.Connection` (asyncpg has no type information for mypy)."""
@@ -56,7 +69,7 @@ def describe(target: AsyncpgTarget) -> str:
 
 
 def is_pool(target: AsyncpgTarget) -> bool:
-    return isinstance(target, sys.modules['asyncpg'].Pool)
+    return isinstance(target, asyncpg.Pool)
 
 
 class BorrowedAsyncpgDialect(PGDialect_asyncpg):
@@ -133,9 +146,10 @@ class _Source:
 class _Lent:
     """An application's asyncpg connection as the store's engine sees it.
 
-    Everything is the connection's, except `close()` (a pool's connection goes back to its pool,
-    the caller's own stays open), `terminate()` (only a pool's broken connection is ended: its
-    pool replaces it) and `transaction()` (a savepoint inside a transaction the caller has open).
+    Everything is the connection's, except `transaction()` (on the caller's own connection a
+    `_Scope`: a transaction of the store's, or a savepoint while the caller has one open),
+    `close()` (a pool's connection goes back to its pool; the caller's own stays open) and
+    `terminate()` (only a pool's broken connection is ended: its pool connects afresh).
     """
 
     __slots__ = ('_connection', '_give_back')
@@ -150,10 +164,10 @@ class _Lent:
         return getattr(self._connection, name)
 
     def transaction(self, **options: Any) -> Any:
-        """A transaction of the store's operation: a savepoint while the caller has one open."""
-        if self._connection.is_in_transaction():
-            return _Savepoint(self._connection, f'step_persistence_{next(_SAVEPOINTS)}')
-        return self._connection.transaction(**options)
+        """The transaction of one store operation (the dialect's `options` are asyncpg's defaults)."""
+        if self._give_back is not None:
+            return self._connection.transaction(**options)
+        return _Scope(self._connection, savepoint=self._connection.is_in_transaction())
 
     async def close(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (asyncpg's signature: the dialect passes one)
         """Give a pool's connection back to its pool; leave the caller's own open."""
@@ -170,18 +184,55 @@ _SAVEPOINTS = itertools.count(1)
 """Numbers the store's savepoints, so that none shadows another's (the caller's named their own way)."""
 
 
-class _Savepoint:
-    """One store operation inside the caller's transaction, as the dialect drives an asyncpg `Transaction`."""
+class _Scope:
+    """One store operation's transaction on the caller's own connection, driven as an asyncpg `Transaction`.
 
-    def __init__(self, connection: AsyncpgTarget, name: str) -> None:
+    Outside a transaction of the caller's: `BEGIN`, then `COMMIT` or `ROLLBACK`. Inside one: a
+    savepoint, released, or rolled back to and released. Issued as statements rather than through
+    asyncpg's nested `transaction()`, which refuses a transaction the caller began with `BEGIN`.
+    """
+
+    def __init__(self, connection: AsyncpgTarget, *, savepoint: bool) -> None:
         self._connection = connection
-        self._name = name
+        if savepoint:
+            name = f'step_persistence_{next(_SAVEPOINTS)}'
+            self._statements = (
+                f'SAVEPOINT {name}',
+                f'RELEASE SAVEPOINT {name}',
+                f'ROLLBACK TO SAVEPOINT {name}; RELEASE SAVEPOINT {name}',
+            )
+        else:
+            self._statements = ('BEGIN', 'COMMIT', 'ROLLBACK')
 
     async def start(self) -> None:
-        await self._connection.execute(f'SAVEPOINT {self._name}')
+        await self._connection.execute(self._statements[0])
 
     async def commit(self) -> None:
-        await self._connection.execute(f'RELEASE SAVEPOINT {self._name}')
+        await self._connection.execute(self._statements[1])
 
     async def rollback(self) -> None:
-        await self._connection.execute(f'ROLLBACK TO SAVEPOINT {self._name}; RELEASE SAVEPOINT {self._name}')
+        await self._connection.execute(self._statements[2])
+
+
+class UninterruptibleExecutor:
+    """Operations on the caller's own connection, each run to its end even if its caller is cancelled.
+
+    A cancellation that interrupted a statement would leave the caller's connection inside the
+    store's transaction, or the caller's transaction aborted by half an operation: asyncpg is still
+    cancelling the statement when the rollback is sent, and refuses it. So a cancelled caller waits
+    for the operation to commit or roll back (as on the store's own SQLite engines), then sees its
+    cancellation. A statement timeout (the connection's `command_timeout`) still ends a statement.
+    """
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+
+    async def run(self, operation: Operation[T], **options: Any) -> T:
+        """`operation` as the wrapped executor runs it (`options` are its own), awaited to its end."""
+        return await run_to_completion(self._executor.run(operation, **options))
+
+    def follow_loop(self) -> None:
+        self._executor.follow_loop()
+
+    async def dispose(self) -> None:
+        await self._executor.dispose()

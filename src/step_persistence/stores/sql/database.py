@@ -323,13 +323,22 @@ class Database:
         A pool lends a connection per operation, given back when it ends; each operation commits, as
         on an engine. A connection is the store's only one: outside a transaction each operation
         commits; inside the caller's (`connection.is_in_transaction()`) it is a savepoint of it, so
-        the caller's commit or rollback decides, and no run's head is cached. Closing the store
-        closes neither; their type codecs are left as they are (see `borrowed_asyncpg.py`).
+        the caller's commit or rollback decides, and no run's head is cached; an operation runs to its
+        end even if its caller is cancelled. Closing the store closes neither; their type codecs are
+        left as they are (see `borrowed_asyncpg.py`).
         """
-        from step_persistence.stores.sql.borrowed_asyncpg import asyncpg_engine, describe, is_pool
+        from step_persistence.stores.sql.borrowed_asyncpg import (
+            UninterruptibleExecutor,
+            asyncpg_engine,
+            describe,
+            is_pool,
+        )
 
+        executor: Executor = AsyncExecutor(asyncpg_engine(target))
+        if not is_pool(target):
+            executor = UninterruptibleExecutor(executor)
         return cls(
-            AsyncExecutor(asyncpg_engine(target)),
+            executor,
             dialect_name='postgresql',
             owns_engine=True,
             in_caller_transaction=not is_pool(target),
