@@ -10,11 +10,14 @@ rename and every flush (the files it synced), so these orders are checked, not t
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import anyio.to_thread
 import pytest
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, UserPromptPart
 
@@ -189,13 +192,13 @@ async def test_registrations_and_new_lines_flush_what_they_stage_before_it_appea
     assert [run.run_id for run in await store.list_runs(conversation_id='chat')] == ['first', 'second', 'bare']
 
 
-async def test_a_chat_turn_flushes_as_much_at_turn_twenty_as_at_turn_three(tmp_path: Path) -> None:
+async def test_a_chat_turn_flushes_as_much_at_turn_twelve_as_at_turn_three(tmp_path: Path) -> None:
     """Issue 17's turn cost on the file store: each turn's flushes, files synced, files and bytes read."""
     store = FileStepStore(tmp_path)
     agent = chat_agent(store)
     messages: list[ModelMessage] = []
     costs = []
-    for _ in range(20):
+    for _ in range(12):
         counters = store.io_counters
         before = (counters.flushes, counters.files_synced, counters.files_read, counters.bytes_read)
         messages = await chat_turns(agent, 1, messages)
@@ -227,3 +230,47 @@ async def test_a_message_without_payloads_is_packed_in_the_worker_thread(
     assert len(trips) == 1
     latest = await store.latest_snapshot(run_id='run')
     assert latest is not None and latest.messages[-1].parts[0].content == 'x' * 1000  # type: ignore[union-attr]
+
+
+async def test_a_forked_child_flushes_with_threads_of_its_own(tmp_path: Path) -> None:
+    """The flushing threads are the process's: a child forked after the parent made them makes its own
+    (the parent's copied pool would take its work and never run it)."""
+    store = FileStepStore(tmp_path)
+    await store.register_run(RunRecord(run_id='run'))
+    await store.write_batch(StepWrites(tool_effects=[effect('started')], events=[event(1)]))  # threads made
+    child_writes = partial(store._write_batch, writes=StepWrites(tool_effects=[effect('completed')], events=[event(2)]))
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child reports through its exit status
+        code = 1
+        try:
+            store._runs._write('run', child_writes, register=lambda: None)
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        with anyio.fail_after(20):
+            _, status = await anyio.to_thread.run_sync(partial(os.waitpid, pid, 0), abandon_on_cancel=True)
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)
+        await anyio.to_thread.run_sync(partial(os.waitpid, pid, 0))
+        raise
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert [event.step_index for event in await FileStepStore(tmp_path).list_events(run_id='run')] == [1, 2]
+
+
+async def test_aclose_lets_the_flushing_threads_end(tmp_path: Path) -> None:
+    """A process that forks after closing its stores (as a prefork server or the crash tests' zygote
+    does) has no thread of theirs left; the store stays usable and makes new ones."""
+    store = FileStepStore(tmp_path)
+    await store.register_run(RunRecord(run_id='run'))
+    await store.write_batch(StepWrites(tool_effects=[effect('started')], events=[event(1)]))
+    pool = store._io._threads._pool
+    assert pool is not None
+    threads = list(pool._threads)
+    assert threads
+    await store.aclose()
+    for thread in threads:
+        await anyio.to_thread.run_sync(partial(thread.join, 20))
+        assert not thread.is_alive()
+    await store.write_batch(StepWrites(tool_effects=[effect('completed')], events=[event(2)]))
+    assert [event.step_index for event in await store.list_events(run_id='run')] == [1, 2]

@@ -27,7 +27,7 @@ import secrets
 import stat
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -82,6 +82,31 @@ SYNC_THREADS = 8
 """Threads a store flushes a group's files with (more files than that queue for a free thread)."""
 
 
+class _SyncThreads:
+    """A store's flushing threads: made on first use (again in a forked child, which has none of them),
+    let go by `close`."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._pid = 0
+        self._guard = threading.Lock()
+
+    def submit(self, fd: int) -> Future[None]:
+        """`fsync(fd)` in one of the threads."""
+        with self._guard:
+            if self._pool is None or self._pid != os.getpid():
+                self._pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix='file-store-fsync')
+                self._pid = os.getpid()
+            return self._pool.submit(os.fsync, fd)
+
+    def close(self) -> None:
+        """Let the threads end once they are done (without waiting for them); the next flush makes new ones."""
+        with self._guard:
+            if self._pool is not None and self._pid == os.getpid():
+                self._pool.shutdown(wait=False)
+            self._pool = None
+
+
 @dataclass
 class _SyncGroup:
     """The descriptors a thread's group has written (or, for directories, opened) and not flushed yet."""
@@ -105,9 +130,7 @@ class FileIo:
         self.counters = IoCounters()
         self._counting = threading.Lock()
         self._groups = threading.local()
-        self._pool: ThreadPoolExecutor | None = None
-        self._pool_pid = 0
-        self._pool_guard = threading.Lock()
+        self._threads = _SyncThreads()
 
     def _count(self, *, read: int = 0, written: int = 0, files: int = 0, directories: int = 0, synced: int = 0) -> None:
         with self._counting:
@@ -274,6 +297,10 @@ class FileIo:
             for fd in group.take():
                 os.close(fd)
 
+    def close(self) -> None:
+        """Let the threads that flush groups end (they are made again when needed)."""
+        self._threads.close()
+
     def barrier(self) -> None:
         """In a group: flush everything the group wrote so far before going on (elsewhere: nothing to do)."""
         group = self._group()
@@ -288,7 +315,7 @@ class FileIo:
         """`fsync` every pending descriptor of `group` (in parallel when there are several), then close them."""
         pending = group.take()
         try:
-            others = [self._sync_pool().submit(os.fsync, fd) for fd in pending[1:]]
+            others = [self._threads.submit(fd) for fd in pending[1:]]
             try:
                 if pending:
                     os.fsync(pending[0])
@@ -300,14 +327,6 @@ class FileIo:
         finally:
             for fd in pending:
                 os.close(fd)
-
-    def _sync_pool(self) -> ThreadPoolExecutor:
-        """The threads groups flush with, made on first use (again in a forked child, which has none of them)."""
-        with self._pool_guard:
-            if self._pool is None or self._pool_pid != os.getpid():
-                self._pool = ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix='file-store-fsync')
-                self._pool_pid = os.getpid()
-            return self._pool
 
     def _write_and_close(self, fd: int, data: bytes, *, sync: bool = True) -> None:
         """Write all of `data` to `fd` (then `fsync` it, when fsync is on and `sync`; in a group, at its next

@@ -753,6 +753,8 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     # --- lifetime ---
 
     async def aclose(self) -> None:
-        """Forget the cached indexes; the store holds no open files between calls and stays usable."""
+        """Forget the cached indexes and let the threads flushing files end; the store holds no open files
+        between calls and stays usable."""
         self._runs.clear()
         self._lines.clear()
+        self._io.close()
