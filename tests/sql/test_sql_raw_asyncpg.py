@@ -31,8 +31,8 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from step_persistence import ContinuableSnapshot, PostgresStepStore, RunRecord, StepEvent, StepPersistence
-from step_persistence.media import MediaContext, PostgresMediaStore
+from step_persistence import ContinuableSnapshot, PostgresStepStore, RunRecord, SqlStepStore, StepEvent, StepPersistence
+from step_persistence.media import MediaContext, PostgresMediaStore, SqlMediaStore
 from support.scripted import calls, scripted, text
 from support.servers.postgres import PostgresServer
 
@@ -346,3 +346,15 @@ async def test_a_cancelled_operation_on_the_callers_connection_ends_whole_before
     finally:
         await locker.close()
         await store.aclose()
+
+
+async def test_the_generic_sql_stores_take_them_too_and_say_what_they_were_given(raw: Raw, target: Any) -> None:
+    given = 'an asyncpg pool' if isinstance(target, asyncpg.Pool) else 'an asyncpg connection'
+    async with SqlStepStore(target) as store, SqlMediaStore(target) as media:
+        assert repr(store) == f'SqlStepStore({given})'
+        assert repr(PostgresStepStore(target)) == f'PostgresStepStore({given})'
+        await store.register_run(RunRecord(run_id='r'))
+        uri = await media.put(b'blob', context=MediaContext())
+        assert await media.get(uri, context=MediaContext()) == b'blob'
+    async with PostgresStepStore(raw.url) as observer:
+        assert await observer.get_run(run_id='r') is not None
