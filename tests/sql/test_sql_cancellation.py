@@ -3,8 +3,8 @@
 On an application's aiosqlite engine the operation finishes and its connection survives:
 aiosqlite's connections do not survive a statement interrupted by a cancellation (SQLAlchemy
 invalidates them, and the close it starts can leave a task that the event loop waits for
-forever when it shuts down). On PostgreSQL the operation is interrupted: it rolls back whole,
-its connection is dropped, and the store goes on.
+forever when it shuts down). On PostgreSQL the operation is interrupted: a transaction rolls back
+whole, a flush in one statement lands whole or not at all, and the store goes on.
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ from pydantic_ai.messages import ModelRequest, UserPromptPart
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
-from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
+from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent
+from step_persistence.records import StepWrites
 from step_persistence.testing.conformance import T0
 from support.databases import EmptyDatabase
 
@@ -53,14 +54,15 @@ def invalidations(engine: AsyncEngine) -> list[BaseException | None]:
     return dropped
 
 
-def on_first_insert(engine: AsyncEngine, cancel: Callable[[], None]) -> None:
-    """Call `cancel` while the first INSERT the engine sends from now on is about to run."""
+def on_first_write(engine: AsyncEngine, cancel: Callable[[], None]) -> None:
+    """Call `cancel` while the first write the engine sends from now on (an `INSERT`, or a `WITH` statement:
+    PostgreSQL's flush in one statement) is about to run."""
 
     cancelled: list[str] = []
 
     @event.listens_for(engine.sync_engine, 'before_cursor_execute')
     def cancel_once(connection: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not cancelled and statement.lstrip().upper().startswith('INSERT'):
+        if not cancelled and statement.lstrip().upper().startswith(('INSERT', 'WITH')):
             cancelled.append(statement)
             cancel()
 
@@ -74,7 +76,7 @@ async def test_an_anyio_cancellation_lets_the_save_in_flight_commit(engine: Asyn
     dropped, running = invalidations(engine), asyncio.all_tasks()
     async with SqlStepStore(engine) as store:
         with anyio.CancelScope() as scope:
-            on_first_insert(engine, scope.cancel)
+            on_first_write(engine, scope.cancel)
             await store.save_snapshot(SNAPSHOT)
             await anyio.lowlevel.checkpoint()
             pytest.fail('the cancellation was not delivered after the save')
@@ -88,7 +90,7 @@ async def test_an_asyncio_cancellation_is_raised_once_the_save_has_committed(eng
     dropped, running = invalidations(engine), asyncio.all_tasks()
     async with SqlStepStore(engine) as store:
         saving = asyncio.ensure_future(store.save_snapshot(SNAPSHOT))
-        on_first_insert(engine, saving.cancel)
+        on_first_write(engine, saving.cancel)
         with pytest.raises(asyncio.CancelledError):
             await saving
         assert [s.seq for s in await store.list_snapshots(run_id='r')] == [1]
@@ -99,23 +101,57 @@ async def test_an_asyncio_cancellation_is_raised_once_the_save_has_committed(eng
 async def test_a_cancelled_postgres_save_rolls_back_whole_and_the_store_goes_on(
     postgres_database: EmptyDatabase,
 ) -> None:
+    """A batch of two runs' writes is a transaction (`BEGIN`, its statements, `COMMIT`): interrupted at its
+    first `INSERT`, it leaves nothing."""
     engine = create_async_engine(postgres_database.url)
     dropped, running = invalidations(engine), asyncio.all_tasks()
+    other = StepEvent(run_id='other', kind='run_started', step_index=0)
     try:
         async with SqlStepStore(engine) as store:
             await store.migrate()
             await store.register_run(RunRecord(run_id='r'))
             with anyio.CancelScope() as scope:
-                on_first_insert(engine, scope.cancel)
-                await store.save_snapshot(SNAPSHOT)
+                on_first_write(engine, scope.cancel)
+                await store.write_batch(StepWrites(events=[other], snapshots=[SNAPSHOT]))
             assert scope.cancelled_caught
             assert await store.list_snapshots(run_id='r') == [], 'the interrupted save left nothing'
+            assert await store.get_run(run_id='other') is None
             await store.save_snapshot(SNAPSHOT)
             assert [s.seq for s in await store.list_snapshots(run_id='r')] == [1]
         assert len(dropped) == 1, 'the interrupted connection was dropped'
     finally:
         await engine.dispose()
     closing = started_since(running)  # SQLAlchemy closes a dropped asyncpg connection within its 2 s timeout
+    if closing:
+        await asyncio.wait(closing, timeout=10)
+    assert started_since(running) == set(), 'no task was left behind'
+
+
+async def test_a_cancelled_postgres_flush_in_one_statement_lands_whole_or_not_at_all(
+    postgres_database: EmptyDatabase,
+) -> None:
+    """A flush of one run is one statement in autocommit (`flush_statement.py`): interrupted in flight, it
+    committed whole or not at all, and the store goes on."""
+    engine = create_async_engine(postgres_database.url)
+    running = asyncio.all_tasks()
+    started = StepEvent(run_id='r', kind='model_request_started', step_index=1)
+    try:
+        async with SqlStepStore(engine) as store:
+            await store.migrate()
+            await store.register_run(RunRecord(run_id='r'))
+            with anyio.CancelScope() as scope:
+                on_first_write(engine, scope.cancel)
+                await store.write_batch(StepWrites(events=[started], snapshots=[SNAPSHOT]))
+            assert scope.cancelled_caught
+            landed = await store.list_snapshots(run_id='r')
+            events = await store.list_events(run_id='r')
+            assert (len(landed), len(events)) in ((0, 0), (1, 1)), 'all of the flush or nothing'
+            assert all(s.messages == SNAPSHOT.messages for s in landed)
+            await store.save_snapshot(SNAPSHOT)
+            assert [s.seq for s in await store.list_snapshots(run_id='r')] == list(range(1, len(landed) + 2))
+    finally:
+        await engine.dispose()
+    closing = started_since(running)
     if closing:
         await asyncio.wait(closing, timeout=10)
     assert started_since(running) == set(), 'no task was left behind'

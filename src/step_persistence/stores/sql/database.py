@@ -363,15 +363,18 @@ class Database:
             description='a sqlite3 connection',
         )
 
-    async def run(self, operation: Operation[T], *, write: bool) -> T:
+    async def run(self, operation: Operation[T], *, write: bool, one_statement: bool = False) -> T:
         """Run `operation` in one transaction, committed if it returns (SQLite writes: `BEGIN IMMEDIATE`).
 
         With a caller's `AsyncConnection`, in the caller's transaction, neither committed nor
-        rolled back here.
+        rolled back here. `one_statement`: the operation executes a single statement, which on an
+        engine may run in autocommit (see `executors.py`).
         """
         self._follow_loop()
         try:
-            return await self._executor.run(operation, write=write, options=self._options, names=self.names)
+            return await self._executor.run(
+                operation, write=write, options=self._options, names=self.names, one_statement=one_statement
+            )
         except DBAPIError as error:
             if self.dialect_name != 'postgresql':
                 raise

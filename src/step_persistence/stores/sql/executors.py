@@ -14,7 +14,9 @@ synchronous SQLAlchemy `Connection` inside a transaction). An executor runs it:
 - `AsyncExecutor` (PostgreSQL through asyncpg, and any application's `AsyncEngine`,
   `AsyncConnection` or `AsyncSession`): on an engine, the whole transaction (checkout, `BEGIN`,
   the function, `COMMIT`, check-in) runs on the engine's synchronous facade in one greenlet
-  (`sqlalchemy.util.greenlet_spawn`, what `AsyncConnection.run_sync` uses); on a caller's
+  (`sqlalchemy.util.greenlet_spawn`, what `AsyncConnection.run_sync` uses); an operation that is one
+  statement (`one_statement`) runs there in autocommit instead, its own transaction in one round
+  trip; on a caller's
   connection, the function runs through `run_sync` inside the caller's transaction (never
   committed, rolled back or closed here); on a caller's session, on the connection of the
   session's current transaction (`await session.connection()`, which begins one if none is
@@ -125,10 +127,18 @@ class Executor(Protocol):
     """Runs operations in transactions of one database."""
 
     async def run(
-        self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames = DEFAULT_NAMES
+        self,
+        operation: Operation[T],
+        *,
+        write: bool,
+        options: Mapping[str, Any],
+        names: TableNames = DEFAULT_NAMES,
+        one_statement: bool = False,
     ) -> T:
         """`operation` in one transaction (writing: SQLite `BEGIN IMMEDIATE`), committed if it returns, its
-        statements run with `options` on the tables `names` names."""
+        statements run with `options` on the tables `names` names. With `one_statement` (an operation that
+        executes a single statement, atomic by itself), an executor may run it in autocommit: no `BEGIN` or
+        `COMMIT` of its own."""
         ...
 
     def follow_loop(self) -> None:
@@ -151,7 +161,13 @@ class ThreadExecutor:
         """With one connection to share, reads go through the writer thread too."""
 
     async def run(
-        self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames = DEFAULT_NAMES
+        self,
+        operation: Operation[T],
+        *,
+        write: bool,
+        options: Mapping[str, Any],
+        names: TableNames = DEFAULT_NAMES,
+        one_statement: bool = False,
     ) -> T:
         if write or self._single_connection:
             return await self._writer.run(partial(_with_transaction, operation, options, names=names), write=write)
@@ -192,6 +208,21 @@ def _in_transaction(
         return _with_transaction(operation, options, connection, direct=direct, names=names)
 
 
+def _in_autocommit(
+    engine: Engine,
+    operation: Operation[T],
+    options: Mapping[str, Any],
+    *,
+    direct: bool = True,
+    names: TableNames = DEFAULT_NAMES,
+) -> T:
+    """`operation`, one statement, on a connection in autocommit: the statement is its own transaction (on
+    asyncpg and psycopg no `BEGIN` or `COMMIT` is sent; the pool restores the isolation level at check-in)."""
+    with engine.connect() as connection:
+        connection.execution_options(isolation_level='AUTOCOMMIT')
+        return _with_transaction(operation, options, connection, direct=direct, names=names)
+
+
 class AsyncExecutor:
     """Transactions on an `AsyncEngine`, or statements in the transaction of a caller's `AsyncConnection` or
     `AsyncSession`.
@@ -217,13 +248,28 @@ class AsyncExecutor:
         """A cancellation waits for the operation in flight instead of interrupting its statement."""
 
     async def run(
-        self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames = DEFAULT_NAMES
+        self,
+        operation: Operation[T],
+        *,
+        write: bool,
+        options: Mapping[str, Any],
+        names: TableNames = DEFAULT_NAMES,
+        one_statement: bool = False,
     ) -> T:
+        running = self._run(operation, write=write, options=options, names=names, one_statement=one_statement)
         if self._uninterruptible:
-            return await run_to_completion(self._run(operation, write=write, options=options, names=names))
-        return await self._run(operation, write=write, options=options, names=names)
+            return await run_to_completion(running)
+        return await running
 
-    async def _run(self, operation: Operation[T], *, write: bool, options: Mapping[str, Any], names: TableNames) -> T:
+    async def _run(
+        self,
+        operation: Operation[T],
+        *,
+        write: bool,
+        options: Mapping[str, Any],
+        names: TableNames,
+        one_statement: bool,
+    ) -> T:
         from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession  # loaded: the bind is one of them
 
         writer = self._writer if write else None
@@ -243,7 +289,8 @@ class AsyncExecutor:
             # as `AsyncConnection.run_sync` runs one function: the same pool and engine events as
             # `async with engine.connect(), connection.begin()`, without a greenlet for each of them.
             engine = self._bind.sync_engine
-            return await greenlet_spawn(_in_transaction, engine, operation, options, direct=self._direct, names=names)
+            run = _in_autocommit if one_statement else _in_transaction
+            return await greenlet_spawn(run, engine, operation, options, direct=self._direct, names=names)
 
     def follow_loop(self) -> None:
         """New locks; on an engine the store built, a new pool: its connections belong to the previous loop

@@ -45,14 +45,22 @@ One `write_batch` (a flush: tool effects, events and snapshots), in order:
    stale takes the separate statements of b and c.
 3. After `NeedsPacking`, the run's head is read again and both steps run again. After the commit,
    the heads (each now the view of the snapshot just written) go to the cache.
+
+On PostgreSQL a flush of one run (its tool effects, events and at most one snapshot, without blob
+rows) skips step 2 when it can: planned from the prepared head, it is one statement
+(`flush_statement.py`) doing a to d, in autocommit on an engine (one round trip, no `BEGIN` or
+`COMMIT`). That statement writes everything or nothing; when its checks fail (a run not stored, a
+key used already, a head that is stale) it writes nothing, and step 2 writes the flush.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy.exc import IntegrityError
 
 from step_persistence._history import EncodedMessage, history_digest
 from step_persistence._lru import BoundedLru
@@ -62,16 +70,22 @@ from step_persistence.records import ContinuableSnapshot, RunRecord, SnapshotSta
 from step_persistence.retention import retained_seqs
 from step_persistence.stores._media import MessageMedia, PackedMessage
 from step_persistence.stores._positions import LineBase, NumberedRow, RunHead, SavePlan, plan_saves
-from step_persistence.stores.sql import rows
+from step_persistence.stores.sql import flush_statement, rows
 from step_persistence.stores.sql.blobs import BlobWriter, StagedBlobs
 from step_persistence.stores.sql.database import Database
-from step_persistence.stores.sql.executors import Transaction
+from step_persistence.stores.sql.executors import Operation, Transaction
 from step_persistence.stores.sql.heads import Anchor, KnownHead, anchor_exists, read_head, require_key
+from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.rows import RUN_KEY, StoredHistory
 from step_persistence.stores.sql.statements import WriteStatements
 from step_persistence.stores.sql.writes import Writes
 
+if TYPE_CHECKING:
+    from typing_extensions import TypeIs
+
 __all__ = ['HEADS_CACHED', 'NeedsPacking', 'SnapshotSaves']
+
+_FOREIGN_KEY_VIOLATION = '23503'
 
 HEADS_CACHED = 256
 """How many runs' heads a store keeps in memory (the least recently used is forgotten)."""
@@ -119,6 +133,18 @@ class _Allocation:
     """Whether it also took the line's numbers for the plan (`None`: it did not try)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Flushed:
+    """What a flush written in one statement leaves: its run, and the run's new head if it saved a snapshot."""
+
+    run_id: str
+    known: KnownHead | None = None
+
+
+def _is_count(value: object) -> TypeIs[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class SnapshotSaves:
     """Writes flushes and their snapshots to one database (see the module docstring).
 
@@ -149,10 +175,18 @@ class SnapshotSaves:
         self._blobs = BlobWriter(database.dialect_name)
 
     async def write_batch(self, batch: StepWrites) -> None:
-        """Tool effects, then events, then snapshots, each in list order, in one transaction."""
+        """Tool effects, then events, then snapshots, each in list order, in one transaction (on PostgreSQL,
+        a flush of one run in one statement when it can: `flush_statement.py`)."""
         refresh: str | None = None
         while True:
             prepared = await self._prepare(batch.snapshots, refresh=refresh)
+            flush = self._in_one_statement(batch, prepared)
+            if flush is not None:
+                flushed = await self._flush_in_one_statement(flush)
+                if flushed is not None:
+                    if flushed.known is not None:
+                        self._remember(flushed.run_id, flushed.known)
+                    return
             try:
                 await self._db.run(partial(self._write, batch=batch, prepared=prepared), write=True)
             except NeedsPacking as stale:
@@ -236,7 +270,114 @@ class SnapshotSaves:
             self._remember(run_id, known)
         return known
 
-    # --- 2. inside the transaction ---
+    # --- 2. in one statement (PostgreSQL) ---
+
+    def _in_one_statement(
+        self, batch: StepWrites, prepared: _Prepared
+    ) -> Callable[[Transaction], _Flushed | None] | None:
+        """The flush as one statement (`flush_statement.py`), when it is the writes of one run with at most one
+        snapshot, no blob rows and no two records of one tool call; else `None` (the transaction writes it).
+
+        The operation returns what it wrote, or `None` when the statement wrote nothing (its checks failed:
+        the transaction then writes the flush).
+        """
+        statements = self._statements
+        if statements.flush_events is None or statements.flush_snapshot is None or len(batch.snapshots) > 1:
+            return None
+        if prepared.staged is not None and prepared.staged.rows:
+            return None
+        runs = {effect.run_id for effect in batch.tool_effects} | {event.run_id for event in batch.events}
+        runs.update(snapshot.run_id for snapshot in batch.snapshots)
+        calls = {effect.tool_call_id for effect in batch.tool_effects}
+        if len(runs) != 1 or len(calls) != len(batch.tool_effects):
+            return None
+        (run_id,) = runs
+        parameters: dict[str, Any] = {RUN_KEY: run_id}
+        if not batch.snapshots:
+            return partial(self._flush_events, statement=statements.flush_events, batch=batch, parameters=parameters)
+        snapshot = batch.snapshots[0]
+        known = prepared.heads.get(run_id)
+        if known is None or known.head.incarnation is None or (known.head.line is not None and known.anchor is None):
+            return None
+        encoded = snapshot.encoded_messages()
+        digests = [message.digest for message in encoded]
+        head = known.head
+        plan = plan_saves(head, [digests])
+        try:
+            bodies = [prepared.body(run_id, encoded[row.position]) for row in plan.rows]
+        except NeedsPacking:
+            return None
+        base = _kept_base(head, plan, len(digests))
+        parameters |= flush_statement.snapshot_parameters(snapshot)
+        parameters |= flush_statement.message_parameters(plan.rows, bodies)
+        parameters.update(
+            incarnation=head.incarnation,
+            anchor_run=None if known.anchor is None else known.anchor.run_id,
+            anchor_seq=None if known.anchor is None else known.anchor.seq,
+            line=_line_of(head),
+            through=head.last_no,
+            added=len(plan.rows),
+            branch_line=None if base is None else base.line,
+            branch_length=None if base is None else base.length,
+            branch_through=None if base is None else base.through,
+            snapshot_length=len(digests),
+            snapshot_digest=history_digest(digests),
+            keep_older=None if self._max_snapshots is None else self._max_snapshots - 1,
+        )
+        return partial(
+            self._flush_snapshot,
+            statement=statements.flush_snapshot,
+            batch=batch,
+            parameters=parameters,
+            digests=digests,
+        )
+
+    async def _flush_in_one_statement(self, flush: Operation[_Flushed | None]) -> _Flushed | None:
+        """Run the statement: in autocommit on an engine; in a caller's transaction, as one of its statements
+        (on a caller's asyncpg connection, in a savepoint of it). `None`: it wrote nothing.
+
+        In autocommit, a run deleted by another writer between the statement's checks and its writes fails
+        it with a foreign-key violation, which rolled the statement back whole: the transaction then writes
+        the flush (registering the run bare, as any write to a run not stored).
+        """
+        autocommit = not self._db.in_caller_transaction
+        try:
+            return await self._db.run(flush, write=True, one_statement=autocommit)
+        except IntegrityError as error:
+            if autocommit and getattr(error.orig, 'sqlstate', None) == _FOREIGN_KEY_VIOLATION:
+                return None
+            raise
+
+    @staticmethod
+    def _flush_events(
+        transaction: Transaction, statement: Prepared, batch: StepWrites, parameters: dict[str, Any]
+    ) -> _Flushed | None:
+        dialect = transaction.connection.dialect
+        every = parameters | flush_statement.events_parameters(dialect, batch.tool_effects, batch.events)
+        row = transaction.execute(statement, every).first()
+        return None if row is None or row[0] is None else _Flushed(parameters[RUN_KEY])
+
+    @staticmethod
+    def _flush_snapshot(
+        transaction: Transaction,
+        statement: Prepared,
+        batch: StepWrites,
+        parameters: dict[str, Any],
+        digests: list[str],
+    ) -> _Flushed | None:
+        dialect = transaction.connection.dialect
+        every = parameters | flush_statement.events_parameters(dialect, batch.tool_effects, batch.events)
+        outcome = flush_statement.Outcome.of(transaction.execute(statement, every).first())
+        if outcome.run_pk is None:
+            return None
+        run_id: str = parameters[RUN_KEY]
+        seq, through = outcome.seq, outcome.through
+        if not (_is_count(seq) and _is_count(through)):
+            raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
+        saved = RunHead(incarnation=outcome.run_pk, line=outcome.line, last_no=through, latest=list(digests))
+        return _Flushed(run_id, KnownHead(saved, Anchor(run_id=run_id, seq=seq), checked=True))
+
+    # --- 3. inside the transaction ---
 
     def _write(self, transaction: Transaction, batch: StepWrites, prepared: _Prepared) -> None:
         if prepared.staged is not None:

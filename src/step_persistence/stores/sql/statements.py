@@ -33,6 +33,7 @@ from sqlalchemy.sql.selectable import CTE
 
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.dialects import DialectInsert, dialect_insert
+from step_persistence.stores.sql.flush_statement import flush_statements
 from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.rows import RUN_KEY
 from step_persistence.stores.sql.schema import (
@@ -182,6 +183,11 @@ class WriteStatements:
     """Value `run`: `(seq, state)` of every snapshot of the run."""
     prune_snapshots: Delete
     """Values `run` and `seqs` (a list): deletes those snapshots of the run."""
+    flush_events: Prepared | None
+    """Where a flush of one run can be one statement (PostgreSQL): its tool effects and events
+    (`FLUSH_EVENTS` of `flush_statement.flush_statements`); `None` elsewhere."""
+    flush_snapshot: Prepared | None
+    """The same, with one snapshot (`FLUSH_SNAPSHOT` there); `None` elsewhere."""
     counts_many_rows: bool
     """Whether a statement run with many parameter sets reports the total rows it wrote (SQLite does;
     asyncpg's `executemany` does not), so that events can be appended with one statement."""
@@ -253,6 +259,8 @@ class WriteStatements:
             prune_snapshots=delete(snapshots).where(
                 snapshots.c.run_id == bindparam(RUN_KEY), snapshots.c.seq.in_(bindparam('seqs', expanding=True))
             ),
+            flush_events=flush_statements()[0] if postgres else None,
+            flush_snapshot=flush_statements()[1] if postgres else None,
             counts_many_rows=dialect_name == 'sqlite',
             dialect_name=dialect_name,
         )
