@@ -14,6 +14,10 @@ Every time is a median over rounds that interleave the configurations (none / ou
 machine load affects them alike. Wall time is `time.perf_counter`, CPU time is
 `time.process_time` (the whole process: the event loop and the stores' worker threads); on a
 loaded 2-core machine the CPU column is the steadier one.
+
+`--control` runs the same measurements with this library on both sides (the 'theirs' columns are
+step-persistence again, on stores of its own), and writes RESULTS.md only if `--output` is given: its
+ratios, which should be near 1, show that the interleaving and the medians favour neither side.
 """
 
 from __future__ import annotations
@@ -57,6 +61,16 @@ try:
     import pydantic_ai_harness.step_persistence as theirs  # type: ignore[no-redef]
 except ImportError:  # pragma: no cover - the benchmark environment has it
     pass
+
+CONTROL = False
+"""`--control`: the comparator's side ('theirs') is this library again, on stores of its own, to show the
+comparison is fair (its ratios to 'ours' should be about 1)."""
+
+
+def _is_ours(library: str) -> bool:
+    """Whether `library`'s side of the run is step-persistence (always, in a control run)."""
+    return library == 'ours' or CONTROL
+
 
 BACKENDS = ('memory', 'file', 'sqlite', 'postgres', 'mongo')
 DURABLE = ('file', 'sqlite', 'postgres', 'mongo')
@@ -190,10 +204,10 @@ async def open_store(library: str, backend: str, root: Path, found: Servers) -> 
         return 0
 
     if backend == 'memory':
-        store = ours.InMemoryStepStore() if library == 'ours' else theirs.InMemoryStepStore()
+        store = ours.InMemoryStepStore() if _is_ours(library) else theirs.InMemoryStepStore()
         return StoreHandle(store, no_size, nothing)
     if backend == 'file':
-        store = ours.FileStepStore(place) if library == 'ours' else theirs.FileStepStore(place)
+        store = ours.FileStepStore(place) if _is_ours(library) else theirs.FileStepStore(place)
 
         async def file_size() -> int:
             return _directory_size(place)
@@ -201,7 +215,7 @@ async def open_store(library: str, backend: str, root: Path, found: Servers) -> 
         return StoreHandle(store, file_size, nothing)
     if backend == 'sqlite':
         path = place / 'runs.db'
-        store = ours.SqliteStepStore(path) if library == 'ours' else theirs.SqliteStepStore(database=path)
+        store = ours.SqliteStepStore(path) if _is_ours(library) else theirs.SqliteStepStore(database=path)
 
         async def sqlite_size() -> int:
             return _sqlite_size(path)
@@ -211,7 +225,7 @@ async def open_store(library: str, backend: str, root: Path, found: Servers) -> 
     if backend == 'postgres':
         name = await found.create_database()
         url = found.postgres_url(name)
-        if library == 'ours':
+        if _is_ours(library):
             store = ours.PostgresStepStore(url)
             close = store.aclose
         else:
@@ -228,7 +242,7 @@ async def open_store(library: str, backend: str, root: Path, found: Servers) -> 
     if backend == 'mongo':
         assert found.mongo_uri is not None
         database = f'bench_{uuid.uuid4().hex[:12]}'
-        cls = ours.MongoStepStore if library == 'ours' else theirs.MongoStepStore
+        cls = ours.MongoStepStore if _is_ours(library) else theirs.MongoStepStore
         store = cls(db_url=found.mongo_uri, database=database)
 
         async def mongo_size() -> int:
@@ -240,7 +254,7 @@ async def open_store(library: str, backend: str, root: Path, found: Servers) -> 
 
 
 def capability(library: str, store: Any) -> Any:
-    if library == 'ours':
+    if _is_ours(library):
         return ours.StepPersistence(store=store, agent_name='bench')
     return theirs.StepPersistence(store=store, agent_name='bench')
 
@@ -542,7 +556,7 @@ async def store_operations(
     results = []
     for backend in backends:
         for library in LIBRARIES:
-            records = Records(ours if library == 'ours' else theirs)
+            records = Records(ours if _is_ours(library) else theirs)
             result = StoreOps(backend, library)
             handle = await open_store(library, backend, root, found)
             store = handle.store
@@ -655,7 +669,13 @@ async def server_versions(found: Servers) -> None:
 
 
 def machine_lines(arguments: argparse.Namespace, found: Servers, started: float, load_before: Any) -> list[str]:
+    control = (
+        ["- **Control run** (`--control`): the 'theirs' side is step-persistence again, on fresh stores of its own"]
+        if arguments.control
+        else []
+    )
     return [
+        *control,
         f'- Machine: {platform.platform()}, {os.cpu_count()} CPUs ({platform.processor() or platform.machine()}); '
         f'load average before {tuple(round(x, 2) for x in load_before)}, after '
         f'{tuple(round(x, 2) for x in os.getloadavg())}',
@@ -685,20 +705,22 @@ def render(
             '',
             f'Medians of {arguments.rounds} interleaved rounds (3 at K=200; a configuration whose runs add up to more '
             f'than {arguments.budget:.0f} s stops there: `rounds` gives how many it got). Overhead per step = (run time '
-            'with - run time without) / K. `ours/theirs` is the ratio of overheads per step (wall).',
+            'with - run time without) / K. `ours/theirs` is the ratio of overheads per step (wall ; CPU).',
             '',
             '| backend | K | ms/step without | with/without (ours) | with/without (theirs) | overhead ms/step ours '
-            '(wall / CPU) | overhead ms/step theirs (wall / CPU) | ours/theirs | rounds ours / theirs |',
+            '(wall / CPU) | overhead ms/step theirs (wall / CPU) | ours/theirs (wall ; CPU) | rounds ours / theirs |',
             '|---|---:|---:|---:|---:|---:|---:|---:|---:|',
         ]
         for row in overhead:
             ours_wall, theirs_wall = row.per_step('ours', 'wall'), row.per_step('theirs', 'wall')
+            ours_cpu, theirs_cpu = row.per_step('ours', 'cpu'), row.per_step('theirs', 'cpu')
             ratio = None if ours_wall is None or not theirs_wall else ours_wall / theirs_wall
+            cpu_ratio = None if ours_cpu is None or not theirs_cpu else ours_cpu / theirs_cpu
             out.append(
                 f'| {row.backend} | {row.steps} | {row.none.median_wall * 1e3 / row.steps:.2f} | '
                 f'{_fmt(row.ratio("ours"))} | {_fmt(row.ratio("theirs"))} | '
-                f'{_fmt(ours_wall)} / {_fmt(row.per_step("ours", "cpu"))} | '
-                f'{_fmt(theirs_wall)} / {_fmt(row.per_step("theirs", "cpu"))} | {_fmt(ratio, 3)} | '
+                f'{_fmt(ours_wall)} / {_fmt(ours_cpu)} | '
+                f'{_fmt(theirs_wall)} / {_fmt(theirs_cpu)} | {_fmt(ratio, 3)} ; {_fmt(cpu_ratio, 3)} | '
                 f'{len(row.runs["ours"].wall)} / {len(row.runs["theirs"].wall)} |'
             )
         errors = [f'- {row.backend} K={row.steps} {lib}: {err}' for row in overhead for lib, err in row.errors.items()]
@@ -874,6 +896,7 @@ async def measure(arguments: argparse.Namespace, backends: list[str], save: Call
         shutil.rmtree(root, ignore_errors=True)
 
 
+CHILD_FLAGS = ('control',)
 CHILD_OPTIONS = (
     'parts', 'steps', 'rounds', 'agents', 'concurrency_steps', 'concurrency_rounds', 'ops', 'many_runs',
     'many_snapshots', 'budget', 'ops_budget', 'runs_budget',
@@ -886,6 +909,7 @@ def measure_in_child(arguments: argparse.Namespace, backend: str, results: Path)
     for option in CHILD_OPTIONS:
         value = getattr(arguments, option)
         command += [f'--{option.replace("_", "-")}', *map(str, value if isinstance(value, list) else [value])]
+    command += [f'--{flag}' for flag in CHILD_FLAGS if getattr(arguments, flag)]
     completed = subprocess.run(command, check=False)
     if not results.exists():
         raise SystemExit(f'the {backend} benchmarks measured nothing (exit status {completed.returncode})')
@@ -897,8 +921,12 @@ def measure_in_child(arguments: argparse.Namespace, backend: str, results: Path)
 
 
 def main(arguments: argparse.Namespace) -> None:
-    if theirs is None:
+    global CONTROL
+    CONTROL = arguments.control
+    if theirs is None and not CONTROL:
         raise SystemExit('pydantic-ai-harness is not installed: run this in the benchmark environment (make bench)')
+    if arguments.output is None and not CONTROL:
+        arguments.output = str(ROOT / 'benchmarks' / 'RESULTS.md')
     backends = [backend for backend in BACKENDS if backend in arguments.backends]
     if arguments.child_results:
         results = Path(arguments.child_results)
@@ -942,6 +970,13 @@ if __name__ == '__main__':
     parser.add_argument('--budget', type=float, default=30, help='seconds one configuration may use for its rounds')
     parser.add_argument('--ops-budget', type=float, default=30, help='seconds for each rate and the snapshot loop')
     parser.add_argument('--runs-budget', type=float, default=300, help='seconds for registering the many runs')
-    parser.add_argument('--output', default=str(ROOT / 'benchmarks' / 'RESULTS.md'))
+    parser.add_argument(
+        '--output', help='the file whose generated part is rewritten (default: RESULTS.md; none in a control run)'
+    )
+    parser.add_argument(
+        '--control',
+        action='store_true',
+        help="the 'theirs' side is this library again: ratios near 1 show the comparison is fair",
+    )
     parser.add_argument('--child-results', help=argparse.SUPPRESS)
     main(parser.parse_args())
