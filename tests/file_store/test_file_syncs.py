@@ -274,3 +274,22 @@ async def test_aclose_lets_the_flushing_threads_end(tmp_path: Path) -> None:
         assert not thread.is_alive()
     await store.write_batch(StepWrites(tool_effects=[effect('completed')], events=[event(2)]))
     assert [event.step_index for event in await store.list_events(run_id='run')] == [1, 2]
+
+
+async def test_a_snapshot_file_left_by_a_crashed_save_is_replaced_not_written_through(tmp_path: Path) -> None:
+    """Snapshot files are written without a temporary: one already at the next `seq` (a save that crashed
+    before its commit line, or a link planted there) is removed first, and what it points to is kept."""
+    store = FileStepStore(tmp_path / 'store')
+    await store.register_run(RunRecord(run_id='run'))
+    await store.save_snapshot(ContinuableSnapshot(run_id='run', step_index=0, messages=history(1)))
+    outside = tmp_path / 'outside.json'
+    outside.write_bytes(b"not the store's")
+    snapshots = tmp_path / 'store' / 'run' / 'snapshots'
+    os.link(outside, snapshots / '2.json')
+    (snapshots / '3.json').symlink_to(outside)
+    for step in (1, 2):
+        await store.save_snapshot(ContinuableSnapshot(run_id='run', step_index=step, messages=history(step + 1)))
+    assert outside.read_bytes() == b"not the store's"
+    saved = await FileStepStore(tmp_path / 'store').list_snapshots(run_id='run')
+    assert [snapshot.step_index for snapshot in saved] == [0, 1, 2]
+    assert not (snapshots / '3.json').is_symlink()

@@ -222,13 +222,19 @@ class FileIo:
         self._write_and_close(open_unlinked(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL), data)
 
     def write_uncommitted(self, path: Path, data: bytes) -> None:
-        """Write `data` as the whole of `path` in place (created or truncated), its directory entry synced too.
+        """Create `path` holding `data` without a temporary file, its directory entry synced too.
 
         Only for a file no reader opens until a later write commits it (a snapshot's file before its
         `snapshots.jsonl` line): what a crash leaves half-written there is never read, and is
-        overwritten by the next save of that name.
+        removed (never written through: it may be a link) by the next save of that name.
         """
-        self._write_and_close(open_unlinked(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), data)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
+        try:
+            fd = open_unlinked(path, flags)
+        except FileExistsError:
+            path.unlink()
+            fd = open_unlinked(path, flags)
+        self._write_and_close(fd, data)
         self.sync_directory(path.parent)
 
     def write_atomic(self, path: Path, data: bytes) -> None:
