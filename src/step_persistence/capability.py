@@ -43,6 +43,7 @@ from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence._lru import BoundedLru
 from step_persistence._reading import logger
+from step_persistence._replay import durable_run_of
 from step_persistence._stream_watch import StreamWatch
 from step_persistence._telemetry import RunSpans
 from step_persistence._urls import redact_url
@@ -587,6 +588,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             origin = await find_origin(
                 self.store, initial, run.encoder.encode(initial).messages, conversation_id=run.conversation_id
             )
+            # A durable run registers with its workflow's first start: a replay's registration is the same one.
+            durable = durable_run_of(ctx.run_id)
             record = RunRecord(
                 run_id=run.run_id,
                 conversation_id=run.conversation_id,
@@ -594,6 +597,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 agent_name=run.agent_name,
                 metadata=dict(self.metadata),
                 origin=origin,
+                **({} if durable is None else {'started_at': durable.started_at}),
             )
             await self._persist_run(ctx, record)
             run.registered = True
@@ -866,7 +870,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         started = ToolEffectRecord(run_id=run.run_id, tool_call_id=call_id, tool_name=call.tool_name, status='started')
         run.active.in_flight[call_id] = started
         run.ran.add(call_id)
-        run.pending.tool_effects.append(started)
+        durable = durable_run_of(ctx.run_id)
+        if durable is None or call_id not in durable.completed_tool_calls:
+            # A call a durable replay returns from its journal completed before: its ledger record never goes
+            # back to `started` (its completion is written again, as a fresh run would).
+            run.pending.tool_effects.append(started)
         run.spans.tool_started(started, step_index=step)
         self._queue_event(
             'tool_call_started', step_index=step, key=run.key('tool', step, call_id, 'started'), tool=started

@@ -19,6 +19,8 @@ pytestmark = pytest.mark.anyio
 VIEWS = {'run_summary', 'tool_call_stats'}
 SINCE_0005 = {'history_lines', 'conversations'}
 """The tables revision 0005 added (history lines, conversation summaries)."""
+SINCE_0008 = {'durable_units', 'durable_workflows'}
+"""The tables revision 0008 added (the durable journal)."""
 HEAD = head_revision()
 
 
@@ -56,8 +58,8 @@ async def test_upgrade_current_downgrade_and_stamp_a_fresh_database(empty_databa
 
     assert db('downgrade', '0002', '--store', store)['revision'] == '0002'
     assert await empty_database.view_names() == set()
-    assert SINCE_0005 <= TABLE_NAMES
-    assert await empty_database.table_names() == (TABLE_NAMES - SINCE_0005) | {VERSION_TABLE}
+    assert SINCE_0005 | SINCE_0008 <= TABLE_NAMES
+    assert await empty_database.table_names() == (TABLE_NAMES - SINCE_0005 - SINCE_0008) | {VERSION_TABLE}
 
     assert db('downgrade', 'base', '--store', store)['revision'] is None
     assert await empty_database.table_names() == {VERSION_TABLE}

@@ -1,8 +1,8 @@
 """The durable journal's conformance suite, on every backend that holds a journal.
 
-The file and MongoDB stores hold none yet (docs/durable.md, "What is not done yet"):
-`test_stores_without_a_journal_say_so` checks that they refuse clearly, and whoever writes their
-journal adds them to `JOURNAL_BACKENDS` here (and the test below then fails until it is updated).
+The file store holds none yet (docs/durable.md, "What is not done yet"):
+`test_stores_without_a_journal_say_so` checks that it refuses clearly, and whoever writes its
+journal adds it to `JOURNAL_BACKENDS` here (the test below fails until then).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from step_persistence.durable.journals import journal_for
 from step_persistence.testing.conformance.journal import JournalConformance
 from support.backends import BACKENDS, StoreMaker
 
-JOURNAL_BACKENDS = ('memory', 'postgres', 'sqlite')
+JOURNAL_BACKENDS = ('memory', 'mongo', 'motor', 'postgres', 'sqlite')
 
 
 class TestJournal(JournalConformance):

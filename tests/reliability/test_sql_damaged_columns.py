@@ -37,6 +37,8 @@ from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
+from step_persistence.durable import journal_for
+from step_persistence.durable.records import DurableUnit, WorkflowRecord
 from step_persistence.stores.sql.reporting import read_report
 from step_persistence.stores.sql.schema import TABLES
 from step_persistence.stores.sql.types import DateTimeUTC, EncodedJSON
@@ -87,6 +89,8 @@ TARGETS: dict[str, str] = {
     'snapshot_keys': 'run_id = :run',
     'tool_effects': "run_id = :run AND tool_call_id = 'b'",
     'media': 'digest = :digest',
+    'durable_workflows': 'workflow_id = :run',
+    'durable_units': "workflow_id = :run AND unit_key = 'u2'",
 }
 """The one row of each table a damage changes (the victim's line: the one its snapshots are on)."""
 
@@ -198,6 +202,14 @@ async def write_victim(store: SqlStepStore, run_id: str) -> None:
             effect_summary='paid',
         )
     )
+    journal = journal_for(store)
+    await journal.start_workflow(
+        WorkflowRecord(workflow_id=run_id, code_version='v1', inputs={'prompt': 'p'}, created_at=T0, updated_at=T0)
+    )
+    for key in ('u1', 'u2'):
+        unit = DurableUnit(workflow_id=run_id, unit_key=key, name='n', kind='tool', status='started', started_at=T0)
+        await journal.record_unit(unit)
+        await journal.record_unit(unit.model_copy(update={'status': 'completed', 'result': {'k': key}, 'ended_at': T0}))
 
 
 async def observe(store: SqlStepStore, run_id: str) -> dict[str, Any]:
@@ -221,6 +233,8 @@ async def observe(store: SqlStepStore, run_id: str) -> dict[str, Any]:
         'unresolved': [effect.tool_call_id for effect in await store.list_unresolved_tool_effects(run_id=run_id)],
         'effect a': await store.get_tool_effect(run_id=run_id, tool_call_id='a'),
         'effect b': await store.get_tool_effect(run_id=run_id, tool_call_id='b'),
+        'workflow': await journal_for(store).get_workflow(workflow_id=run_id),
+        'units': await journal_for(store).list_units(workflow_id=run_id),
     }
 
 
@@ -288,11 +302,14 @@ async def check_damage(
     assert 'c' in after['conversations'], "the sentinel's conversation is listed"
     assert set(before['conversations']) - set(after['conversations']) <= {f'conversation-{run_id}'}
     await unchanged()
-    skipped = sum(len(before[name]) - len(after[name]) for name in ('events', 'snapshots', 'effects'))
-    skipped += run_id not in after['runs']
+    skipped = sum(len(before[name]) - len(after[name]) for name in ('events', 'snapshots', 'effects', 'units'))
+    skipped += (run_id not in after['runs']) + (after['workflow'] is None)
     # One damaged row hides nothing else of its run.
     assert lost(before['events'], after['events']) <= (damage.table == 'events')
     assert lost(before['effects'], after['effects']) <= (damage.table == 'tool_effects')
+    assert lost(before['units'], after['units']) <= (damage.table == 'durable_units')
+    if damage.table != 'durable_workflows':
+        assert after['workflow'] == before['workflow']
     assert 'a' in after['unresolved'] or damage.table == 'tool_effects'
     older = [snapshot for snapshot in before['snapshots'] if snapshot[0] < 3]
     assert all(snapshot in after['snapshots'] for snapshot in older), 'an older snapshot was hidden'
@@ -301,7 +318,7 @@ async def check_damage(
     if after['latest'] != before['latest']:
         complete = {snapshot[3] for snapshot in before['snapshots'] if snapshot[2] == 'complete'}
         assert after['latest'] is not None and after['latest'][1] in complete, 'the latest read falls back'
-    if skipped and damage.column != 'run_id':  # a row given another run id moved to that run: nothing to log
+    if skipped and damage.column not in ('run_id', 'workflow_id'):  # a row given another id moved there: no log
         tally.skipped += 1
         assert logged.messages, f'{damage}: a record was skipped without a log line'
 
@@ -339,6 +356,8 @@ async def remove_victim(engine: AsyncEngine) -> None:
         await connection.execute(
             text("DELETE FROM conversations WHERE head_run_id IS NULL OR head_run_id <> 'sentinel'")
         )
+        await connection.execute(text('DELETE FROM durable_units'))
+        await connection.execute(text('DELETE FROM durable_workflows'))
         for table in reversed(TABLES.sorted_tables):
             if 'run_id' in table.columns:
                 await connection.execute(text(f"DELETE FROM {table.name} WHERE run_id IS NULL OR run_id <> 'sentinel'"))

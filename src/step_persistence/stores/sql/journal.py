@@ -16,6 +16,7 @@ from step_persistence._arguments import require_text
 from step_persistence._reading import read_each, read_or_skip
 from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus
 from step_persistence.records import utc_now
+from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.dialects import dialect_insert
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.schema import durable_units, durable_workflows
@@ -23,8 +24,9 @@ from step_persistence.stores.sql.store import SqlStepStore
 
 __all__ = ['SqlJournal']
 
-_WORKFLOW_COLUMNS = tuple(durable_workflows.c)
-_UNIT_COLUMNS = tuple(durable_units.c)
+_WORKFLOW_COLUMNS = tuple(rows.readable(column) for column in durable_workflows.c)
+_UNIT_COLUMNS = tuple(rows.readable(column) for column in durable_units.c)
+"""Read so that a value its type cannot decode makes only its row unreadable (skipped and logged)."""
 
 
 def _workflow_values(record: WorkflowRecord) -> dict[str, Any]:
@@ -44,7 +46,10 @@ def _unit_values(unit: DurableUnit) -> dict[str, Any]:
 def _unit_from_row(row: Mapping[str, Any]) -> DurableUnit:
     values = dict(row)
     stored = values.pop('result')
-    values['result'] = stored['value'] if isinstance(stored, dict) else None
+    if values.get('status') == 'completed':
+        if not isinstance(stored, dict) or set(stored) != {'value'}:
+            raise ValueError(f"a completed unit's result must be stored as {{'value': ...}}, not {stored!r}")
+        values['result'] = stored['value']
     return DurableUnit.model_validate(values)
 
 

@@ -1,0 +1,215 @@
+"""`StepDurability`: the durable-replay engine, a pydantic-ai durability capability over a step store's journal."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from step_persistence._cancellation import run_to_completion
+from step_persistence._replay import DURABLE_RUN, DurableRun
+from step_persistence.capability import StepPersistence
+from step_persistence.durable.errors import CodeVersionMismatchError, ReplayDivergedError
+from step_persistence.durable.fingerprints import inputs_fingerprint
+from step_persistence.durable.journals import journal_for
+from step_persistence.durable.policies import METADATA_KEY, InFlightPolicy, check_policy
+from step_persistence.durable.records import WorkflowRecord
+from step_persistence.durable.workflow import ACTIVE_WORKFLOW, ActiveWorkflow
+from step_persistence.protocol import StepStore
+from step_persistence.records import StepWrites
+
+try:
+    from pydantic_ai.durable_exec import (
+        JSON_CODEC,
+        BaseDurabilityCapability,
+        DurabilityEngineSpec,
+        conversation_id_from_run_id,
+        durable_unit_scope,
+        replay_scope,
+    )
+except ImportError as error:  # pragma: no cover - exercised in a subprocess by tests/durable
+    from importlib.metadata import version
+
+    raise ImportError(
+        'step_persistence.durable needs pydantic-ai-slim >= 2.68 (pydantic_ai.durable_exec with replay_scope and '
+        f'record_durable_unit); this environment has {version("pydantic-ai-slim")}. StepPersistence and the '
+        'stores work without it.'
+    ) from error
+
+from pydantic_ai.agent.abstract import AbstractAgent
+from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.capabilities.abstract import WrapRunHandler
+from pydantic_ai.models import Model
+from pydantic_ai.run import AgentRunResult
+from pydantic_ai.tools import AgentDepsT, RunContext
+
+from step_persistence.durable.backend import JournalBackend
+
+__all__ = ['StepDurability']
+
+logger = logging.getLogger('step_persistence.durable')
+
+
+class StepDurability(BaseDurabilityCapability[AgentDepsT]):
+    """Makes every run of an agent a durable workflow journaled in `store` (see docs/durable.md).
+
+    The workflow id is the run's `run_id` (`agent.run(..., run_id='order-42')`). Running the agent again
+    with the same id and inputs replays the units that completed (no model call, no tool call) and runs
+    the rest. A unit in flight when the run stopped runs again if its policy is `rerun` (model requests,
+    and tools marked `{'step_persistence': {'in_flight': 'rerun'}}` or `{'idempotent': True}` in their
+    metadata); other tools follow `in_flight_tools` (`fail`: the run fails naming the call; `ask`: the run
+    ends with `DeferredToolRequests` for it, carrying the ledger's idempotency key and effect summary).
+
+    `code_version` is recorded with the workflow; a replay under another one raises
+    `CodeVersionMismatchError` unless `allow_code_version_change`. Toolsets need an `id`, and the agent a
+    `name` (they name the units). Put `StepPersistence` on the same agent with the same store to record
+    the run as well: its writes are passed through, and a replayed run leaves one record.
+    """
+
+    engine_spec = DurabilityEngineSpec(
+        engine_name='StepDurability',
+        durable_unit_noun='unit',
+        durable_container_noun='workflow',
+        codec=JSON_CODEC,
+        toolset_lifecycles={'function': 'enter-always', 'mcp': 'enter-in-durable-unit', 'dynamic': 'enter-never'},
+        tool_config_key=METADATA_KEY,
+    )
+
+    def __init__(
+        self,
+        store: StepStore,
+        *,
+        code_version: str | None = None,
+        allow_code_version_change: bool = False,
+        in_flight_tools: InFlightPolicy = 'fail',
+        name: str | None = None,
+        models: Mapping[str, Model] | None = None,
+    ) -> None:
+        super().__init__(models=models, name=name)
+        journal_for(store)  # a store without a journal is refused here, not at the first run
+        self.store = store
+        self.code_version = code_version
+        self.allow_code_version_change = allow_code_version_change
+        self.in_flight_tools = check_policy(in_flight_tools, 'in_flight_tools')
+        self._backend: JournalBackend | None = None
+        self._recorders: frozenset[str] = frozenset()
+        """The `id`s of the agent's `StepPersistence` capabilities, whose operations are not journaled."""
+
+    @property
+    def in_durable_context(self) -> bool:
+        workflow = ACTIVE_WORKFLOW.get()
+        return workflow is not None and workflow.owner is self
+
+    def _bind_to_agent(self, agent: AbstractAgent[AgentDepsT, Any]) -> None:
+        recorders: list[str] = []
+
+        def collect(capability: AbstractCapability[AgentDepsT]) -> None:
+            if isinstance(capability, StepPersistence) and capability.id is not None:
+                recorders.append(capability.id)
+
+        agent.root_capability.apply(collect)
+        if recorders:
+            # Their operations' arguments name pydantic-ai's messages, which the records resolve on first use:
+            # pydantic-ai builds the operations' schemas below.
+            StepWrites.model_rebuild()
+        self._recorders = frozenset(recorders)
+        self._backend = JournalBackend(
+            agent_name=self.name, default_model_id=self.default_model_id, in_flight_tools=self.in_flight_tools
+        )
+        super()._bind_to_agent(agent)  # wraps the toolsets, which bind their operations to the backend
+
+    async def _invoke_capability_operation(
+        self,
+        capability: AbstractCapability[Any],
+        operation: str,
+        *,
+        ctx: RunContext[Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
+        if capability.id in self._recorders:
+            # `StepPersistence`'s store writes carry idempotency keys: run again on replay, they write nothing
+            # twice. So they run as inside a unit (directly), not as units of their own: journaling them would
+            # cost two more writes per flush, and a unit's arguments a JSON round trip of the messages written.
+            with durable_unit_scope():
+                return await super()._invoke_capability_operation(
+                    capability, operation, ctx=ctx, args=args, kwargs=kwargs
+                )
+        return await super()._invoke_capability_operation(capability, operation, ctx=ctx, args=args, kwargs=kwargs)
+
+    def get_durable_operation_backend(self) -> JournalBackend:
+        if self._backend is None:
+            raise RuntimeError('StepDurability is used before it was bound to an agent')
+        return self._backend
+
+    def get_default_conversation_id(self, run_id: str) -> str | None:
+        # Derived from the run id, so a replay's messages carry the same conversation id.
+        return conversation_id_from_run_id(run_id)
+
+    async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
+        workflow_id = ctx.run_id
+        if workflow_id is None:
+            raise RuntimeError('the run context has no run_id to journal the run under')
+        journal = journal_for(self.store)
+        inputs = {
+            'prompt': ctx.prompt if isinstance(ctx.prompt, str) else None,
+            'fingerprint': inputs_fingerprint(ctx.prompt, ctx.messages),
+        }
+        record = await journal.start_workflow(
+            WorkflowRecord(
+                workflow_id=workflow_id,
+                agent_name=self.name,
+                run_id=workflow_id,
+                code_version=self.code_version,
+                inputs=inputs,
+            )
+        )
+        if record.attempts > 1:
+            self._check_replayable(record, inputs)
+        units = await journal.list_units(workflow_id=workflow_id)
+        workflow = ActiveWorkflow(
+            journal=journal, record=record, owner=self, stored={unit.unit_key: unit for unit in units}
+        )
+        durable = DurableRun(
+            run_id=workflow_id,
+            started_at=record.created_at,
+            completed_tool_calls=frozenset(
+                unit.tool_call_id
+                for unit in units
+                if unit.kind == 'tool' and unit.status == 'completed' and unit.tool_call_id is not None
+            ),
+        )
+        workflow_token = ACTIVE_WORKFLOW.set(workflow)
+        durable_token = DURABLE_RUN.set(durable)
+        try:
+            with replay_scope():
+                result = await super().wrap_run(ctx, handler=handler)
+        except BaseException:
+            await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed'))
+            raise
+        finally:
+            DURABLE_RUN.reset(durable_token)
+            ACTIVE_WORKFLOW.reset(workflow_token)
+            counts = workflow.counts
+            logger.info(
+                'durable workflow %r (attempt %d): %d units replayed, %d executed (%d of them in flight before)',
+                workflow_id,
+                record.attempts,
+                counts.replayed,
+                counts.executed,
+                counts.rerun,
+            )
+        await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='completed'))
+        return result
+
+    def _check_replayable(self, record: WorkflowRecord, inputs: dict[str, Any]) -> None:
+        if record.code_version != self.code_version and not self.allow_code_version_change:
+            raise CodeVersionMismatchError(
+                workflow_id=record.workflow_id, recorded=record.code_version, running=self.code_version
+            )
+        if record.inputs.get('fingerprint') != inputs['fingerprint']:
+            raise ReplayDivergedError(
+                workflow_id=record.workflow_id,
+                unit_key='(the run itself)',
+                what='the run was started with another prompt or message history',
+            )

@@ -1,0 +1,57 @@
+"""The errors a durable run raises when its journal and the run it replays disagree."""
+
+from __future__ import annotations
+
+__all__ = ['CodeVersionMismatchError', 'DurableReplayError', 'InFlightUnitError', 'ReplayDivergedError']
+
+_FALLBACK = (
+    'to go on from what the run stored, start a new run from its latest snapshot instead: '
+    'step_persistence.continue_run(store, run_id=...) (docs/recovery.md)'
+)
+
+
+class DurableReplayError(RuntimeError):
+    """A durable workflow cannot be replayed as it is journaled."""
+
+    def __init__(self, message: str, *, workflow_id: str, unit_key: str | None = None) -> None:
+        super().__init__(message)
+        self.workflow_id = workflow_id
+        self.unit_key = unit_key
+
+
+class ReplayDivergedError(DurableReplayError):
+    """A replayed unit's inputs (messages, tool arguments) differ from those it was journaled with."""
+
+    def __init__(self, *, workflow_id: str, unit_key: str, what: str) -> None:
+        super().__init__(
+            f'durable workflow {workflow_id!r} diverged from its journal at unit {unit_key!r}: {what}; '
+            f'a replay must run the same agent with the same inputs. {_FALLBACK}',
+            workflow_id=workflow_id,
+            unit_key=unit_key,
+        )
+
+
+class InFlightUnitError(DurableReplayError):
+    """A unit was in flight when its run stopped, and its policy (`fail`) forbids running it again."""
+
+    def __init__(self, *, workflow_id: str, unit_key: str, call: str) -> None:
+        super().__init__(
+            f'durable workflow {workflow_id!r}: {call} was in flight when the run stopped (unit {unit_key!r}), '
+            'so its side effect may or may not have happened, and its in-flight policy is "fail". Check the '
+            "effect, then mark the tool idempotent (metadata {'step_persistence': {'in_flight': 'rerun'}}), use "
+            f'"ask", or: {_FALLBACK}',
+            workflow_id=workflow_id,
+            unit_key=unit_key,
+        )
+
+
+class CodeVersionMismatchError(DurableReplayError):
+    """The workflow was started by another version of the code, and the caller did not allow it."""
+
+    def __init__(self, *, workflow_id: str, recorded: str | None, running: str | None) -> None:
+        super().__init__(
+            f'durable workflow {workflow_id!r} was started by code version {recorded!r}, and this is '
+            f'{running!r}: its journal may not match what this code does. Pass '
+            f'StepDurability(..., allow_code_version_change=True) to replay it anyway, or: {_FALLBACK}',
+            workflow_id=workflow_id,
+        )

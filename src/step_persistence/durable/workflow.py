@@ -1,0 +1,127 @@
+"""`ActiveWorkflow`: one durable run's journal, as it replays completed units and journals the others."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_ai.exceptions import CallDeferred
+
+from step_persistence._active import ACTIVE_RUN
+from step_persistence._cancellation import run_to_completion
+from step_persistence.durable.errors import InFlightUnitError, ReplayDivergedError
+from step_persistence.durable.fingerprints import MessageDigests
+from step_persistence.durable.policies import METADATA_KEY, UnitPolicy
+from step_persistence.durable.protocol import JournalStore
+from step_persistence.durable.records import DurableUnit, UnitKind, WorkflowRecord
+from step_persistence.records import utc_now
+
+__all__ = ['ACTIVE_WORKFLOW', 'ActiveWorkflow', 'UnitCounts']
+
+
+@dataclass
+class UnitCounts:
+    """What happened to the units of one run: the replay counters tests and callers read."""
+
+    replayed: int = 0
+    """Completed units whose recorded result was returned (their bodies did not run)."""
+    executed: int = 0
+    """Units whose bodies ran (for the first time, or again)."""
+    rerun: int = 0
+    """Of those, units that were in flight when an earlier run stopped."""
+
+
+@dataclass
+class ActiveWorkflow:
+    """The journal of one durable run: the units stored when it started, and the ordinals of its unit keys."""
+
+    journal: JournalStore
+    record: WorkflowRecord
+    owner: object
+    """The `StepDurability` whose run this is (a delegate's own engine sees another one)."""
+    stored: Mapping[str, DurableUnit]
+    counts: UnitCounts = field(default_factory=UnitCounts)
+    digests: MessageDigests = field(default_factory=MessageDigests)
+    _ordinals: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int])
+
+    @property
+    def workflow_id(self) -> str:
+        return self.record.workflow_id
+
+    def unit_key(self, name: str, discriminator: str) -> str:
+        """`<name>#<discriminator>#<ordinal>`: the same for the same unit of every replay."""
+        ordinal = self._ordinals.get((name, discriminator), 0)
+        self._ordinals[(name, discriminator)] = ordinal + 1
+        return f'{name}#{discriminator}#{ordinal}'
+
+    async def run_unit(
+        self,
+        *,
+        key: str,
+        name: str,
+        kind: UnitKind,
+        body: Callable[[], Awaitable[object]],
+        fingerprint: str | None = None,
+        tool_call_id: str | None = None,
+        policy: UnitPolicy,
+        describe: str,
+    ) -> object:
+        """The unit's recorded result if it completed, else its body's, journaled `started` first."""
+        stored = self.stored.get(key)
+        if stored is not None and stored.status == 'completed':
+            if fingerprint is not None and stored.fingerprint is not None and stored.fingerprint != fingerprint:
+                raise ReplayDivergedError(
+                    workflow_id=self.workflow_id, unit_key=key, what=f'the inputs of {describe} are not those journaled'
+                )
+            self.counts.replayed += 1
+            return stored.result
+        in_flight = stored is not None and stored.status == 'started'
+        if in_flight:
+            await self._decide_in_flight(key, policy, describe=describe, tool_call_id=tool_call_id)
+            self.counts.rerun += 1
+        started = DurableUnit(
+            workflow_id=self.workflow_id,
+            unit_key=key,
+            name=name,
+            kind=kind,
+            status='started',
+            tool_call_id=tool_call_id,
+            fingerprint=fingerprint,
+        )
+        # To its end, so that a body never runs before its `started` record is stored.
+        await run_to_completion(self.journal.record_unit(started))
+        self.counts.executed += 1
+        try:
+            result = await body()
+        except asyncio.CancelledError:
+            # Cancelled mid-way (a sibling failed, the run timed out): its effect is uncertain, so it stays in
+            # flight and its policy decides at the next run.
+            raise
+        except BaseException as error:
+            failed = started.model_copy(update={'status': 'failed', 'error': repr(error), 'ended_at': utc_now()})
+            await run_to_completion(self.journal.record_unit(failed))
+            raise
+        completed = started.model_copy(update={'status': 'completed', 'result': result, 'ended_at': utc_now()})
+        await run_to_completion(self.journal.record_unit(completed))
+        return result
+
+    async def _decide_in_flight(self, key: str, policy: UnitPolicy, *, describe: str, tool_call_id: str | None) -> None:
+        if policy.in_flight == 'rerun':
+            return
+        if policy.in_flight == 'fail' or tool_call_id is None:
+            raise InFlightUnitError(workflow_id=self.workflow_id, unit_key=key, call=describe)
+        details: dict[str, Any] = {'reason': 'in_flight', 'workflow_id': self.workflow_id, 'unit_key': key}
+        active = ACTIVE_RUN.get()
+        if active is not None:
+            effect = await active.store.get_tool_effect(run_id=active.run_id, tool_call_id=tool_call_id)
+            if effect is not None:
+                details['idempotency_key'] = effect.idempotency_key
+                details['effect_summary'] = effect.effect_summary
+        raise CallDeferred(metadata={METADATA_KEY: details})
+
+
+ACTIVE_WORKFLOW: ContextVar[ActiveWorkflow | None] = ContextVar('step_persistence_active_workflow', default=None)
+"""The durable run the current task belongs to, set by `StepDurability.wrap_run`."""

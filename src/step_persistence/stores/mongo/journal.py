@@ -1,0 +1,177 @@
+"""`MongoJournal`: the durable journal (`JournalStore`) in the `durable_workflows` and `durable_units` collections.
+
+It lives in the database of the `MongoStepStore` it is built on. A workflow's document has the
+workflow id as `_id`, so the first start wins atomically (its insert; a later start counts an
+attempt); a unit's `_id` is its workflow id and key, and a write matches it only while it is not
+`completed`, so a completed unit never changes (the upsert that would replace it collides with it
+instead, and is ignored). Results and inputs are stored as JSON text: their keys are the
+application's, which BSON field names could not all be.
+Timestamps are a BSON date plus `<name>_us`, as in the step store's documents.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pymongo import ReturnDocument
+from pymongo.errors import DuplicateKeyError
+
+from step_persistence._arguments import require_text
+from step_persistence._reading import read_each, read_or_skip
+from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus
+from step_persistence.records import utc_now
+from step_persistence.stores.mongo._client import Database
+from step_persistence.stores.mongo._documents import _time, with_time
+from step_persistence.stores.mongo.store import MongoStepStore
+
+__all__ = ['MongoJournal']
+
+WORKFLOWS = 'durable_workflows'
+UNITS = 'durable_units'
+UNIT_ORDER = [('workflow_id', 1), ('started_at', 1), ('started_at_us', 1), ('unit_key', 1)]
+
+
+def _unit_id(workflow_id: str, unit_key: str) -> str:
+    return f'{len(workflow_id)}:{workflow_id}:{unit_key}'
+
+
+def _workflow_from_document(document: Mapping[str, Any]) -> WorkflowRecord:
+    return WorkflowRecord(
+        workflow_id=document['_id'],
+        agent_name=document.get('agent_name'),
+        run_id=document.get('run_id'),
+        status=document['status'],
+        code_version=document.get('code_version'),
+        inputs=json.loads(document['inputs']),
+        attempts=document['attempts'],
+        owner=document.get('owner'),
+        lease_expires_at=_time(document, 'lease_expires_at'),
+        fencing_epoch=document['fencing_epoch'],
+        created_at=_time(document, 'created_at'),
+        updated_at=_time(document, 'updated_at'),
+    )
+
+
+def _unit_from_document(document: Mapping[str, Any]) -> DurableUnit:
+    result = document.get('result')
+    if document.get('status') == 'completed' and not isinstance(result, str):
+        raise ValueError(f"a completed unit's result must be stored as JSON text, not {result!r}")
+    return DurableUnit(
+        workflow_id=document['workflow_id'],
+        unit_key=document['unit_key'],
+        name=document['name'],
+        kind=document['kind'],
+        status=document['status'],
+        tool_call_id=document.get('tool_call_id'),
+        fingerprint=document.get('fingerprint'),
+        result=json.loads(result) if isinstance(result, str) else None,
+        error=document.get('error'),
+        attempts=document['attempts'],
+        started_at=_time(document, 'started_at'),
+        ended_at=_time(document, 'ended_at'),
+    )
+
+
+class MongoJournal:
+    """The journal of `store`'s database; the units' index is created at each workflow's start."""
+
+    def __init__(self, store: MongoStepStore) -> None:
+        self._store = store
+
+    def __repr__(self) -> str:
+        return f'MongoJournal({self._store!r})'
+
+    def _db(self) -> Database:
+        return self._store._on_loop.get().db
+
+    async def start_workflow(self, record: WorkflowRecord) -> WorkflowRecord:
+        require_text('workflow_id', record.workflow_id)
+        db = self._db()
+        await db[UNITS].create_index(UNIT_ORDER)
+        first: dict[str, Any] = {
+            '_id': record.workflow_id,
+            'agent_name': record.agent_name,
+            'run_id': record.run_id,
+            'status': 'running',
+            'code_version': record.code_version,
+            'inputs': json.dumps(record.inputs),
+            'attempts': 1,
+            'owner': record.owner,
+            'fencing_epoch': record.fencing_epoch,
+        }
+        for name in ('lease_expires_at', 'created_at', 'updated_at'):
+            with_time(first, name, getattr(record, name))
+        workflows = db[WORKFLOWS]
+        try:
+            await workflows.insert_one(first)
+        except DuplicateKeyError:  # started before: this is one more start of it
+            again = {'$set': with_time({'status': 'running'}, 'updated_at', record.updated_at), '$inc': {'attempts': 1}}
+            stored = await workflows.find_one_and_update(
+                {'_id': record.workflow_id}, again, return_document=ReturnDocument.AFTER
+            )
+            if stored is None:
+                raise LookupError(f'durable workflow {record.workflow_id!r} was deleted while it started') from None
+            return _workflow_from_document(stored)
+        return _workflow_from_document(first)
+
+    async def get_workflow(self, *, workflow_id: str) -> WorkflowRecord | None:
+        require_text('workflow_id', workflow_id)
+        found = await self._db()[WORKFLOWS].find_one({'_id': workflow_id})
+        if found is None:
+            return None
+        return read_or_skip(f'durable workflow {workflow_id!r}', lambda: _workflow_from_document(found))
+
+    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus) -> None:
+        require_text('workflow_id', workflow_id)
+        update = {'$set': with_time({'status': status}, 'updated_at', utc_now())}
+        ended = await self._db()[WORKFLOWS].update_one({'_id': workflow_id}, update)
+        if ended.matched_count == 0:
+            raise LookupError(f'no durable workflow {workflow_id!r} is stored')
+
+    async def record_unit(self, unit: DurableUnit) -> None:
+        require_text('workflow_id', unit.workflow_id)
+        require_text('unit_key', unit.unit_key)
+        db = self._db()
+        if await db[WORKFLOWS].find_one({'_id': unit.workflow_id}, {'_id': 1}) is None:
+            raise LookupError(f'no durable workflow {unit.workflow_id!r} is stored')
+        fields: dict[str, Any] = {
+            'name': unit.name,
+            'kind': unit.kind,
+            'status': unit.status,
+            'tool_call_id': unit.tool_call_id,
+            'fingerprint': unit.fingerprint,
+            'result': None if unit.status != 'completed' else json.dumps(unit.result),
+            'error': unit.error,
+        }
+        with_time(fields, 'ended_at', unit.ended_at)
+        identity = {'workflow_id': unit.workflow_id, 'unit_key': unit.unit_key}
+        if unit.status == 'started':
+            # Started (again): a new start time, one more attempt (`next_unit_state`).
+            update = {'$set': with_time(fields, 'started_at', unit.started_at), '$setOnInsert': identity}
+            update['$inc'] = {'attempts': 1}
+        else:
+            # Ended: the start time and attempts stay as the start wrote them.
+            on_insert = with_time({**identity, 'attempts': unit.attempts}, 'started_at', unit.started_at)
+            update = {'$set': fields, '$setOnInsert': on_insert}
+        with contextlib.suppress(DuplicateKeyError):  # the unit is completed: nothing changes it
+            await db[UNITS].update_one(
+                {'_id': _unit_id(unit.workflow_id, unit.unit_key), 'status': {'$ne': 'completed'}}, update, upsert=True
+            )
+
+    async def list_units(self, *, workflow_id: str) -> list[DurableUnit]:
+        require_text('workflow_id', workflow_id)
+        found = [document async for document in self._db()[UNITS].find({'workflow_id': workflow_id}).sort(UNIT_ORDER)]
+        return read_each(
+            found,
+            lambda document: f'durable unit {document.get("unit_key")!r} of workflow {workflow_id!r}',
+            _unit_from_document,
+        )
+
+    async def delete_workflow(self, *, workflow_id: str) -> None:
+        require_text('workflow_id', workflow_id)
+        db = self._db()
+        await db[UNITS].delete_many({'workflow_id': workflow_id})
+        await db[WORKFLOWS].delete_one({'_id': workflow_id})

@@ -1,0 +1,104 @@
+"""A process killed (`os._exit`) in the middle of a durable run; a fresh process resumes it.
+
+The calls file (appended to by every model request and tool body, in every process) proves what
+ran again: only the unit that was in flight and the units after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+import pytest
+
+from step_persistence import from_spec
+from step_persistence.durable import journal_for
+from support.backends import BACKENDS, BackendSession, spec_of
+from support.durable_child import CRASH_STATUS
+
+pytestmark = pytest.mark.anyio
+
+CHILD = Path(__file__).parents[1] / 'support' / 'durable_child.py'
+TESTS = Path(__file__).parents[1]
+
+
+@pytest.fixture(params=['mongo', 'postgres', 'sqlite'])
+async def session(request: pytest.FixtureRequest) -> AsyncIterator[BackendSession]:
+    async with BACKENDS[request.param].open(request) as opened:
+        yield opened
+
+
+async def _child(session: BackendSession, calls: Path, *, crash_at: str | None, **options: Any) -> int:
+    arguments = {
+        'spec': spec_of(session),
+        'run_id': 'order-42',
+        'calls': str(calls),
+        'crash_at': crash_at,
+        'idempotent_b': True,
+        **options,
+    }
+    command = [sys.executable, str(CHILD), json.dumps(arguments)]
+
+    def run() -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, 'PYTHONPATH': str(TESTS)}
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env)
+
+    completed = await anyio.to_thread.run_sync(run)
+    assert completed.returncode in (0, CRASH_STATUS), completed.stderr
+    if completed.returncode == 0:
+        assert json.loads(completed.stdout) == 'done: reserve=reserved A-1, charge=charged 1250'
+    return completed.returncode
+
+
+def _ran(calls: Path) -> Counter[str]:
+    return Counter(calls.read_text().split())
+
+
+async def _check_one_record(session: BackendSession) -> None:
+    async with from_spec(**spec_of(session)) as store:
+        assert [run.run_id for run in await store.list_runs()] == ['order-42']
+        effects = {effect.tool_call_id: effect.status for effect in await store.list_tool_effects(run_id='order-42')}
+        assert effects == {'call-reserve': 'completed', 'call-charge': 'completed'}
+        kinds = Counter(event.kind for event in await store.list_events(run_id='order-42'))
+        assert (kinds['run_started'], kinds['run_completed'], kinds['run_failed']) == (1, 1, 0)
+        workflow = await journal_for(store).get_workflow(workflow_id='order-42')
+        assert workflow is not None and (workflow.status, workflow.attempts) == ('completed', 2)
+
+
+async def test_killed_inside_a_tool_of_a_parallel_batch(session: BackendSession, tmp_path: Path) -> None:
+    calls = tmp_path / 'calls.txt'
+    assert await _child(session, calls, crash_at='charge') == CRASH_STATUS
+    assert _ran(calls) == {'model': 1, 'reserve': 1, 'charge': 1}
+    assert await _child(session, calls, crash_at=None) == 0
+    # Resumed: the first request and the completed sibling replayed; the call in flight and the last request ran.
+    assert _ran(calls) == {'model': 2, 'reserve': 1, 'charge': 2}
+    await _check_one_record(session)
+
+
+async def test_killed_during_a_model_request(session: BackendSession, tmp_path: Path) -> None:
+    calls = tmp_path / 'calls.txt'
+    assert await _child(session, calls, crash_at='model:2') == CRASH_STATUS
+    assert _ran(calls) == {'model': 2, 'reserve': 1, 'charge': 1}
+    assert await _child(session, calls, crash_at=None) == 0
+    assert _ran(calls) == {'model': 3, 'reserve': 1, 'charge': 1}
+    await _check_one_record(session)
+
+
+async def test_killed_between_a_tools_body_and_its_record(session: BackendSession, tmp_path: Path) -> None:
+    """The charge happened but its unit was never journaled `completed`: at least once, it runs again."""
+    calls = tmp_path / 'calls.txt'
+    assert await _child(session, calls, crash_at='record:charge') == CRASH_STATUS
+    assert _ran(calls) == {'model': 1, 'reserve': 1, 'charge': 1}
+    assert await _child(session, calls, crash_at=None) == 0
+    assert _ran(calls) == {'model': 2, 'reserve': 1, 'charge': 2}
+    await _check_one_record(session)
+    async with from_spec(**spec_of(session)) as store:
+        units = {unit.tool_call_id: unit for unit in await journal_for(store).list_units(workflow_id='order-42')}
+        assert (units['call-charge'].attempts, units['call-reserve'].attempts) == (2, 1)

@@ -1,0 +1,245 @@
+"""Durable replay in one process: what a second run of a workflow replays, runs again or refuses.
+
+A run is stopped mid-way by cancelling it while a tool or a model request is inside (its unit stays
+`started`, as a crash leaves it; tests/durable/test_durable_crash.py kills real processes). Every
+count is of what really ran: the scripted model's requests and the tools' bodies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic_ai import Agent, DeferredToolRequests
+from pydantic_ai.messages import ModelMessage
+from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+
+from step_persistence import FileStepStore, StepPersistence, StepStore
+from step_persistence.durable import journal_for
+from step_persistence.durable.engine import StepDurability
+from step_persistence.durable.errors import CodeVersionMismatchError, InFlightUnitError, ReplayDivergedError
+from support.backends import BACKENDS
+from support.durable_agents import Calls, build_agent
+from support.recording import RecordingStore
+
+pytestmark = pytest.mark.anyio
+
+WAIT_LIMIT = 2000
+"""Rounds of the event loop a test waits for a condition before failing."""
+
+
+@pytest.fixture(params=['memory', 'mongo', 'postgres', 'sqlite'])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StepStore]:
+    async with BACKENDS[request.param].open(request) as session:
+        yield await session.make()
+
+
+async def _wait_until(condition: Callable[[], Any]) -> None:
+    for _ in range(WAIT_LIMIT):
+        if await condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError('the condition never held')
+
+
+async def _completed(store: StepStore, run_id: str, tool_call_id: str) -> bool:
+    units = await journal_for(store).list_units(workflow_id=run_id)
+    return any(unit.tool_call_id == tool_call_id and unit.status == 'completed' for unit in units)
+
+
+async def _stop_inside(store: StepStore, where: str, run_id: str, **options: Any) -> Calls:
+    """Run the workflow until `where` (a tool, or `model:<n>`) is running, then stop the run there."""
+    calls = Calls()
+    entered = asyncio.Event()
+
+    async def hang() -> None:
+        if where == 'charge':  # its sibling's unit completes first, so exactly one call is in flight
+            await _wait_until(lambda: _completed(store, run_id, 'call-reserve'))
+        entered.set()
+        await asyncio.Event().wait()
+
+    calls.hooks[where] = hang
+    run = asyncio.create_task(build_agent(store, calls, **options).run('two items', run_id=run_id))
+    await entered.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    return calls
+
+
+async def test_a_finished_run_replays_every_unit_and_leaves_one_record(store: StepStore) -> None:
+    first = Calls()
+    result = await build_agent(store, first).run('two items', run_id='order-1')
+    assert (first.model, dict(first.tools)) == (2, {'reserve': 1, 'charge': 1})
+    events = await store.list_events(run_id='order-1')
+
+    again = Calls()
+    replayed = await build_agent(store, again).run('two items', run_id='order-1')
+    assert (again.model, dict(again.tools)) == (0, {})
+    assert replayed.output == result.output == 'done: reserve=reserved A-1, charge=charged 1250'
+    assert [run.run_id for run in await store.list_runs()] == ['order-1']
+    assert await store.list_events(run_id='order-1') == events
+    assert await store.list_unresolved_tool_effects(run_id='order-1') == []
+    workflow = await journal_for(store).get_workflow(workflow_id='order-1')
+    assert workflow is not None and (workflow.status, workflow.attempts) == ('completed', 2)
+    units = await journal_for(store).list_units(workflow_id='order-1')
+    assert sorted(unit.kind for unit in units) == ['model', 'model', 'tool', 'tool'], (
+        "StepPersistence's writes are no units"
+    )
+
+
+async def test_a_run_stopped_in_an_idempotent_tool_reruns_only_that_tool(store: StepStore) -> None:
+    stopped = await _stop_inside(store, 'charge', 'order-2', idempotent_b=True)
+    assert (stopped.model, dict(stopped.tools)) == (1, {'reserve': 1, 'charge': 1})
+
+    resumed = Calls()
+    recording = RecordingStore(store)
+    agent = build_agent(store, resumed, idempotent_b=True, record_into=recording)
+    result = await agent.run('two items', run_id='order-2')
+    assert (resumed.model, dict(resumed.tools)) == (1, {'charge': 1})
+    ledger = [
+        (record.tool_call_id, record.status) for method, record in recording.writes if method == 'record_tool_effect'
+    ]
+    assert ('call-reserve', 'started') not in ledger, 'a replayed call never goes back to started'
+    assert ledger.count(('call-charge', 'started')) == 1
+    assert result.output == 'done: reserve=reserved A-1, charge=charged 1250'
+    units = {unit.tool_call_id: unit for unit in await journal_for(store).list_units(workflow_id='order-2')}
+    assert (units['call-charge'].status, units['call-charge'].attempts) == ('completed', 2)
+    assert units['call-reserve'].attempts == 1
+    effects = {effect.tool_call_id: effect.status for effect in await store.list_tool_effects(run_id='order-2')}
+    assert effects == {'call-reserve': 'completed', 'call-charge': 'completed'}
+    assert [run.run_id for run in await store.list_runs()] == ['order-2']
+
+
+async def test_a_tool_in_flight_fails_the_resumed_run_by_default(store: StepStore) -> None:
+    await _stop_inside(store, 'charge', 'order-3')
+    resumed = Calls()
+    with pytest.raises(InFlightUnitError, match=r"tool call 'charge' \(call-charge\) was in flight") as raised:
+        await build_agent(store, resumed).run('two items', run_id='order-3')
+    assert 'continue_run' in str(raised.value)
+    assert raised.value.unit_key is not None and 'call-charge' in raised.value.unit_key
+    assert resumed.tools['charge'] == 0
+
+
+async def test_ask_ends_the_run_with_the_call_deferred_and_its_ledger_key(store: StepStore) -> None:
+    await _stop_inside(store, 'charge', 'order-4', in_flight_tools='ask')
+    resumed = Calls()
+    result = await build_agent(store, resumed, in_flight_tools='ask').run('two items', run_id='order-4')
+    assert resumed.tools['charge'] == 0 and resumed.model == 0
+    assert isinstance(result.output, DeferredToolRequests)
+    assert [call.tool_call_id for call in result.output.calls] == ['call-charge']
+    details = result.output.metadata['call-charge']['step_persistence']
+    assert details['reason'] == 'in_flight'
+    assert (details['idempotency_key'], details['effect_summary']) == ('charge-order-4', 'card charged')
+
+
+async def test_a_model_request_in_flight_runs_again(store: StepStore) -> None:
+    stopped = await _stop_inside(store, 'model:2', 'order-5', idempotent_b=True)
+    assert (stopped.model, dict(stopped.tools)) == (2, {'reserve': 1, 'charge': 1})
+    resumed = Calls()
+    result = await build_agent(store, resumed).run('two items', run_id='order-5')
+    assert (resumed.model, dict(resumed.tools)) == (1, {})
+    assert result.output == 'done: reserve=reserved A-1, charge=charged 1250'
+
+
+async def test_a_failed_unit_runs_again(store: StepStore) -> None:
+    failing = Calls()
+
+    def fail() -> None:
+        raise RuntimeError('provider down')
+
+    failing.hooks['model:2'] = fail
+    with pytest.raises(RuntimeError, match='provider down'):
+        await build_agent(store, failing).run('two items', run_id='order-6')
+    workflow = await journal_for(store).get_workflow(workflow_id='order-6')
+    assert workflow is not None and workflow.status == 'failed'
+    resumed = Calls()
+    await build_agent(store, resumed).run('two items', run_id='order-6')
+    assert (resumed.model, dict(resumed.tools)) == (1, {})
+
+
+async def test_a_replay_with_other_inputs_is_refused_naming_the_unit(store: StepStore) -> None:
+    await _stop_inside(store, 'charge', 'order-7', idempotent_b=True)
+    with pytest.raises(ReplayDivergedError, match='the run was started with another prompt') as raised:
+        await build_agent(store, Calls(), idempotent_b=True).run('three items', run_id='order-7')
+    assert 'continue_run' in str(raised.value)
+    changed = Calls()
+    with pytest.raises(ReplayDivergedError, match=r'the inputs of the model request of step1') as raised:
+        await build_agent(store, changed, instructions='Refuse orders.').run('two items', run_id='order-7')
+    assert raised.value.unit_key == 'orders__model.request#step1#0'
+    assert (changed.model, dict(changed.tools)) == (0, {})
+
+
+async def test_another_code_version_is_refused_unless_allowed(store: StepStore) -> None:
+    await _stop_inside(store, 'charge', 'order-8', idempotent_b=True, code_version='v1')
+    with pytest.raises(CodeVersionMismatchError, match="started by code version 'v1', and this is 'v2'"):
+        await build_agent(store, Calls(), idempotent_b=True, code_version='v2').run('two items', run_id='order-8')
+    resumed = Calls()
+    options: dict[str, Any] = {'code_version': 'v2', 'allow_code_version_change': True}
+    await build_agent(store, resumed, idempotent_b=True, **options).run('two items', run_id='order-8')
+    assert (resumed.model, dict(resumed.tools)) == (1, {'charge': 1})
+
+
+async def test_replay_works_without_step_persistence(store: StepStore) -> None:
+    await build_agent(store, Calls(), record=False).run('two items', run_id='order-9')
+    again = Calls()
+    await build_agent(store, again, record=False).run('two items', run_id='order-9')
+    assert (again.model, dict(again.tools)) == (0, {})
+    assert await store.list_runs() == []
+
+
+def test_a_store_without_a_journal_is_refused_up_front(tmp_path: Path) -> None:
+    with pytest.raises(TypeError, match='FileStepStore holds no durable journal'):
+        StepDurability(FileStepStore(tmp_path))
+
+
+def test_an_older_pydantic_ai_gets_an_import_error_naming_the_version() -> None:
+    """The benchmark environment's pydantic-ai (2.62) has no `replay_scope`: simulated by removing the name."""
+    script = (
+        'import pydantic_ai.durable_exec as d\n'
+        "del d._exports['replay_scope']\n"
+        'try:\n'
+        '    import step_persistence.durable.engine\n'
+        'except ImportError as error:\n'
+        '    print(error)\n'
+        'import step_persistence, step_persistence.durable\n'
+        'from step_persistence import StepPersistence, InMemoryStepStore\n'
+        'print("the rest imports")\n'
+    )
+    completed = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=60, check=True)
+    assert 'needs pydantic-ai-slim >= 2.68' in completed.stdout
+    assert 'the rest imports' in completed.stdout
+
+
+async def test_run_stream_replays_too(store: StepStore) -> None:
+    calls: Counter[str] = Counter()
+
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        calls['model'] += 1
+        if len(messages) == 1:
+            yield {0: DeltaToolCall(name='lookup', json_args='{"q": "stock"}', tool_call_id='call-lookup')}
+        else:
+            yield 'in '
+            yield 'stock'
+
+    def lookup(q: str) -> str:
+        calls['lookup'] += 1
+        return f'found {q}'
+
+    for _ in range(2):
+        agent = Agent(
+            FunctionModel(stream_function=stream),
+            name='streamer',
+            tools=[lookup],
+            capabilities=[StepPersistence(store), StepDurability(store)],
+        )
+        async with agent.run_stream('Is it in stock?', run_id='stream-1') as result:
+            assert await result.get_output() == 'in stock'
+        assert calls == {'model': 2, 'lookup': 1}, 'the second run replays the streamed requests and the call'
+    assert [run.run_id for run in await store.list_runs()] == ['stream-1']

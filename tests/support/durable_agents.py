@@ -1,0 +1,101 @@
+"""The agents of the durable-replay tests: a scripted model and two tools, counting every call they really make."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic_ai import Agent, DeferredToolRequests, RunContext, Tool
+from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
+
+from step_persistence import StepPersistence, StepStore, annotate_tool_effect
+from step_persistence.durable.engine import StepDurability
+
+AGENT_NAME = 'orders'
+
+
+@dataclass
+class Calls:
+    """What really ran: model requests and tool bodies (a replayed unit runs none of them)."""
+
+    model: int = 0
+    tools: Counter[str] = field(default_factory=Counter[str])
+    hooks: dict[str, Callable[[], Any]] = field(default_factory=dict[str, Callable[[], Any]])
+    """Run inside a call (after it is counted): `'model:<n>'` in the n-th model request, `'<tool>'` in a tool."""
+
+    async def _hook(self, name: str) -> None:
+        hook = self.hooks.get(name)
+        if hook is not None:
+            outcome = hook()
+            if asyncio.iscoroutine(outcome):
+                await outcome
+
+
+def _returns(messages: list[ModelMessage]) -> list[str]:
+    return [
+        f'{part.tool_name}={part.content}'
+        for message in messages
+        if isinstance(message, ModelRequest)
+        for part in message.parts
+        if isinstance(part, ToolReturnPart)
+    ]
+
+
+def build_agent(
+    store: StepStore,
+    calls: Calls,
+    *,
+    record: bool = True,
+    record_into: StepStore | None = None,
+    instructions: str = 'Take the order.',
+    idempotent_b: bool = False,
+    **durability: Any,
+) -> Agent[None, str | DeferredToolRequests]:
+    """An agent whose first request calls `reserve` and `charge` in parallel, and whose second one answers.
+
+    `reserve` is marked idempotent; `charge` is, with `idempotent_b`. With `record`, `StepPersistence`
+    records the run in the same store (or through `record_into`, a wrapper of it).
+    """
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls.model += 1
+        await calls._hook(f'model:{calls.model}')
+        if not _returns(messages):
+            return ModelResponse(
+                parts=[
+                    ToolCallPart('reserve', {'sku': 'A-1'}, tool_call_id='call-reserve'),
+                    ToolCallPart('charge', {'cents': 1250}, tool_call_id='call-charge'),
+                ]
+            )
+        return ModelResponse(parts=[TextPart('done: ' + ', '.join(_returns(messages)))])
+
+    async def reserve(sku: str) -> str:
+        calls.tools['reserve'] += 1
+        await calls._hook('reserve')
+        return f'reserved {sku}'
+
+    async def charge(ctx: RunContext[None], cents: int) -> str:
+        calls.tools['charge'] += 1
+        if record:
+            await annotate_tool_effect(
+                store, ctx, idempotency_key=f'charge-{ctx.run_id}', effect_summary='card charged'
+            )
+        await calls._hook('charge')
+        return f'charged {cents}'
+
+    metadata = {'step_persistence': {'idempotent': True}}
+    tools = [Tool(reserve, metadata=metadata), Tool(charge, metadata=metadata if idempotent_b else None)]
+    capabilities: list[Any] = [StepPersistence(record_into or store)] if record else []
+    capabilities.append(StepDurability(store, **durability))
+    return Agent(
+        FunctionModel(model),
+        name=AGENT_NAME,
+        instructions=instructions,
+        tools=tools,
+        output_type=[str, DeferredToolRequests],
+        capabilities=capabilities,
+    )

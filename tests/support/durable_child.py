@@ -1,0 +1,83 @@
+"""A child process of tests/durable/test_durable_crash.py: one run of the durable order workflow.
+
+`python durable_child.py '<json>'` with `spec` (what `from_spec` opens), `run_id`, `calls` (a file each
+model request and tool body appends its name to, before any crash), `crash_at` (`'charge'`: inside that
+tool once its parallel sibling's unit completed; `'record:charge'`: after that tool's body returned, before
+its unit is journaled `completed`; `'model:2'`: inside the second model request; `None`) and
+`idempotent_b`. `os._exit(9)` at the crash point; otherwise prints the run's output and exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio.to_thread
+
+from step_persistence import from_spec
+from step_persistence.durable import journal_for
+from step_persistence.durable.records import DurableUnit
+from support.durable_agents import Calls, build_agent
+
+CRASH_STATUS = 9
+
+
+def _append(calls: Path, label: str) -> None:
+    with calls.open('a') as calls_log:
+        calls_log.write(label + '\n')
+
+
+async def _sibling_completed(store: Any, run_id: str) -> None:
+    journal = journal_for(store)
+    for _ in range(2000):
+        units = await journal.list_units(workflow_id=run_id)
+        if any(unit.tool_call_id == 'call-reserve' and unit.status == 'completed' for unit in units):
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError('the sibling call never completed')
+
+
+def _crash_before_recording_the_charge(store: Any) -> None:
+    journal_class = type(journal_for(store))
+    record_unit = journal_class.record_unit
+
+    async def crash_before_completed(self: Any, unit: DurableUnit) -> None:
+        if unit.tool_call_id == 'call-charge' and unit.status == 'completed':
+            os._exit(CRASH_STATUS)
+        await record_unit(self, unit)
+
+    journal_class.record_unit = crash_before_completed  # type: ignore[method-assign]
+
+
+async def main(arguments: dict[str, Any]) -> None:
+    calls_file = Path(arguments['calls'])
+    crash_at = arguments['crash_at']
+    run_id = arguments['run_id']
+    async with from_spec(**arguments['spec']) as store:
+        calls = Calls()
+
+        def hook(name: str, label: str) -> Any:
+            async def record() -> None:
+                await anyio.to_thread.run_sync(_append, calls_file, label)
+                if name == 'charge' and crash_at in ('charge', 'record:charge'):
+                    await _sibling_completed(store, run_id)
+                if name == crash_at:
+                    os._exit(CRASH_STATUS)
+
+            return record
+
+        calls.hooks.update({name: hook(name, name) for name in ('reserve', 'charge')})
+        calls.hooks.update({f'model:{n}': hook(f'model:{n}', 'model') for n in range(1, 5)})
+        if crash_at == 'record:charge':
+            _crash_before_recording_the_charge(store)
+        agent = build_agent(store, calls, idempotent_b=arguments['idempotent_b'])
+        result = await agent.run('two items', run_id=run_id)
+        print(json.dumps(result.output))
+
+
+if __name__ == '__main__':
+    asyncio.run(main(json.loads(sys.argv[1])))
