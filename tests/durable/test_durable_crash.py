@@ -29,7 +29,7 @@ CHILD = Path(__file__).parents[1] / 'support' / 'durable_child.py'
 TESTS = Path(__file__).parents[1]
 
 
-@pytest.fixture(params=['mongo', 'postgres', 'sqlite'])
+@pytest.fixture(params=['file', 'mongo', 'postgres', 'sqlite'])
 async def session(request: pytest.FixtureRequest) -> AsyncIterator[BackendSession]:
     async with BACKENDS[request.param].open(request) as opened:
         yield opened

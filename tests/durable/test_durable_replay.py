@@ -12,7 +12,6 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,7 +19,7 @@ from pydantic_ai import Agent, DeferredToolRequests
 from pydantic_ai.messages import ModelMessage
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 
-from step_persistence import FileStepStore, StepPersistence, StepStore
+from step_persistence import InMemoryStepStore, StepPersistence, StepStore
 from step_persistence.durable import journal_for
 from step_persistence.durable.engine import StepDurability
 from step_persistence.durable.errors import CodeVersionMismatchError, InFlightUnitError, ReplayDivergedError
@@ -34,7 +33,7 @@ WAIT_LIMIT = 2000
 """Rounds of the event loop a test waits for a condition before failing."""
 
 
-@pytest.fixture(params=['memory', 'mongo', 'postgres', 'sqlite'])
+@pytest.fixture(params=['file', 'memory', 'mongo', 'postgres', 'sqlite'])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[StepStore]:
     async with BACKENDS[request.param].open(request) as session:
         yield await session.make()
@@ -194,9 +193,9 @@ async def test_replay_works_without_step_persistence(store: StepStore) -> None:
     assert await store.list_runs() == []
 
 
-def test_a_store_without_a_journal_is_refused_up_front(tmp_path: Path) -> None:
-    with pytest.raises(TypeError, match='FileStepStore holds no durable journal'):
-        StepDurability(FileStepStore(tmp_path))
+def test_a_store_without_a_journal_is_refused_up_front() -> None:
+    with pytest.raises(TypeError, match='RecordingStore holds no durable journal'):
+        StepDurability(RecordingStore(InMemoryStepStore()))
 
 
 def test_an_older_pydantic_ai_gets_an_import_error_naming_the_version() -> None:

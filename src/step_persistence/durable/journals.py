@@ -9,17 +9,17 @@ from step_persistence.protocol import StepStore
 
 __all__ = ['JOURNAL_BACKENDS', 'journal_for']
 
-JOURNAL_BACKENDS = ('InMemoryStepStore', 'SqlStepStore (SQLite, PostgreSQL)', 'MongoStepStore')
-"""The stores that hold a journal today (the file store does not yet)."""
+JOURNAL_BACKENDS = ('InMemoryStepStore', 'SqlStepStore (SQLite, PostgreSQL)', 'MongoStepStore', 'FileStepStore')
+"""The stores that hold a journal."""
 
 
 def journal_for(store: StepStore) -> JournalStore:
     """The journal of `store`: the store itself when it implements `JournalStore` (the memory store, or a
-    third-party store), a `SqlJournal` on a SQL store's database, a `MongoJournal` on a MongoDB store's;
-    `TypeError` for a store that has none."""
+    third-party store), a `SqlJournal`, `MongoJournal` or `FileJournal` in the storage of a SQL, MongoDB or
+    file store; `TypeError` for a store that has none."""
     if isinstance(store, JournalStore):
         return store
-    # A SQL or MongoDB store exists only once its module is imported: a process without one imports no driver here.
+    # A backend's store exists only once its module is imported: a process without one imports no driver here.
     sql_store = sys.modules.get('step_persistence.stores.sql.store')
     if sql_store is not None and isinstance(store, sql_store.SqlStepStore):
         from step_persistence.stores.sql.journal import SqlJournal
@@ -30,8 +30,13 @@ def journal_for(store: StepStore) -> JournalStore:
         from step_persistence.stores.mongo.journal import MongoJournal
 
         return MongoJournal(store)
+    file_store = sys.modules.get('step_persistence.stores.file.store')
+    if file_store is not None and isinstance(store, file_store.FileStepStore):
+        from step_persistence.stores.file.journal import FileJournal
+
+        return FileJournal(store)
     raise TypeError(
         f'{type(store).__name__} holds no durable journal: durable replay runs on {", ".join(JOURNAL_BACKENDS)} '
-        'for now (the file journal is not written yet); use StepPersistence alone and '
+        '(or a store implementing step_persistence.durable.JournalStore); use StepPersistence alone and '
         'continue_run to recover on this store'
     )

@@ -27,6 +27,7 @@
   @origins/<key>              per continued snapshot (`key`: SHA-256 of run id and seq): the run continuing it
   @indexed                    present once the conversation index covers every run
   @media/                     media blobs of the default DiskMediaStore
+  @durable/<key>/             per durable workflow: its journal (`journal.py`; `key`: the SHA-256 of its id)
   @tmp/                       staging of registrations, lines and deleted runs
 ```
 
