@@ -12,12 +12,15 @@ import subprocess
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, DeferredToolRequests
-from pydantic_ai.messages import ModelMessage
+from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset, RunContext
+from pydantic_ai.capabilities import AbstractCapability, durable_operation
+from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.toolsets import DynamicToolset
 
 from step_persistence import InMemoryStepStore, StepPersistence, StepStore
 from step_persistence.durable import journal_for
@@ -242,3 +245,52 @@ async def test_run_stream_replays_too(store: StepStore) -> None:
             assert await result.get_output() == 'in stock'
         assert calls == {'model': 2, 'lookup': 1}, 'the second run replays the streamed requests and the call'
     assert [run.run_id for run in await store.list_runs()] == ['stream-1']
+
+
+@dataclass
+class Audit(AbstractCapability[None]):
+    """A capability with a durable operation of its own, called before each model request."""
+
+    calls: Counter[str] = field(default_factory=Counter[str])
+
+    @durable_operation(name='audit')
+    async def audit(self, ctx: RunContext[None], note: str) -> str:
+        self.calls['audit'] += 1
+        return f'audited {note}'
+
+    async def before_model_request(self, ctx: RunContext[None], request_context: Any) -> Any:
+        await self.audit(ctx, f'step {ctx.run_step}')
+        return request_context
+
+
+async def test_dynamic_toolsets_and_capability_operations_replay(store: StepStore) -> None:
+    calls: Counter[str] = Counter()
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls['model'] += 1
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart('lookup', {'q': 'stock'}, tool_call_id='call-lookup')])
+        return ModelResponse(parts=[TextPart('in stock')])
+
+    def tools(ctx: RunContext[None]) -> FunctionToolset[None]:
+        toolset = FunctionToolset[None]()
+
+        @toolset.tool_plain
+        def lookup(q: str) -> str:
+            calls['lookup'] += 1
+            return f'found {q}'
+
+        return toolset
+
+    audits: Counter[str] = Counter()
+    for _ in range(2):
+        agent = Agent(
+            FunctionModel(model),
+            name='dynamic',
+            toolsets=[DynamicToolset(tools, id='catalog')],
+            capabilities=[Audit(id='audit', calls=audits), StepDurability(store)],
+        )
+        assert (await agent.run('Is it in stock?', run_id='dynamic-1')).output == 'in stock'
+        assert (calls['model'], calls['lookup'], audits['audit']) == (2, 1, 2), 'the second run replays them'
+    kinds = Counter(unit.kind for unit in await journal_for(store).list_units(workflow_id='dynamic-1'))
+    assert kinds == {'discovery': 2, 'capability': 2, 'model': 2, 'tool': 1}

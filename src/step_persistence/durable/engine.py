@@ -97,8 +97,10 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
 
     @property
     def in_durable_context(self) -> bool:
-        workflow = ACTIVE_WORKFLOW.get()
-        return workflow is not None and workflow.owner is self
+        # Every run of the agent is a workflow, from its start: a toolset is prepared for the run (a dynamic
+        # toolset decides there whether its calls are units) before `wrap_run` opens the run's journal. An
+        # operation that comes before or after it runs directly (`JournalBackend.execute`).
+        return True
 
     def _bind_to_agent(self, agent: AbstractAgent[AgentDepsT, Any]) -> None:
         recorders: list[str] = []
@@ -167,9 +169,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         if record.attempts > 1:
             self._check_replayable(record, inputs)
         units = await journal.list_units(workflow_id=workflow_id)
-        workflow = ActiveWorkflow(
-            journal=journal, record=record, owner=self, stored={unit.unit_key: unit for unit in units}
-        )
+        workflow = ActiveWorkflow(journal=journal, record=record, stored={unit.unit_key: unit for unit in units})
         durable = DurableRun(
             run_id=workflow_id,
             started_at=record.created_at,

@@ -40,8 +40,6 @@ class ActiveWorkflow:
 
     journal: JournalStore
     record: WorkflowRecord
-    owner: object
-    """The `StepDurability` whose run this is (a delegate's own engine sees another one)."""
     stored: Mapping[str, DurableUnit]
     counts: UnitCounts = field(default_factory=UnitCounts)
     digests: MessageDigests = field(default_factory=MessageDigests)
