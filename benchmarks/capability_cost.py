@@ -17,6 +17,9 @@ warm-up. Each child's overheads are computed within it (its bare agent and its c
 side by side); a tree's figure is the median over its children, with their range. Both trees run
 on this environment's pydantic-ai.
 
+`--instrument`: every agent instrumented (`Agent.instrument_all()`) with no OpenTelemetry SDK set up,
+so pydantic-ai's spans come from OpenTelemetry's no-op tracer, as for an application without an SDK.
+
 `--profile K`: a cProfile of 20 runs of K steps with the capability, by own time, then by
 cumulative time (the bare agent's own functions are in it too: compare with `--profile-bare`).
 """
@@ -95,7 +98,9 @@ def _compare(arguments: argparse.Namespace) -> None:
     for _ in range(arguments.processes):
         for source in arguments.compare:
             environment = {**os.environ, 'PYTHONPATH': os.pathsep.join([source, str(HERE)])}
-            command = [sys.executable, __file__, '--child', '--rounds', str(arguments.rounds), '--steps']
+            command = [sys.executable, __file__, '--child', '--rounds', str(arguments.rounds)]
+            command += ['--instrument'] if arguments.instrument else []
+            command += ['--steps']
             output = subprocess.run(
                 [*command, *map(str, arguments.steps)], env=environment, check=True, capture_output=True, text=True
             ).stdout
@@ -146,8 +151,13 @@ if __name__ == '__main__':
     parser.add_argument('--processes', type=int, default=4, help='child processes per source tree (--compare)')
     parser.add_argument('--profile', type=int, metavar='K', help='profile 20 runs of K steps instead of measuring')
     parser.add_argument('--profile-bare', action='store_true', help='with --profile: the agent without capabilities')
+    parser.add_argument('--instrument', action='store_true', help='instrument every agent, with no OpenTelemetry SDK')
     parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
     arguments = parser.parse_args()
+    if arguments.instrument:
+        from pydantic_ai import Agent
+
+        Agent.instrument_all(True)
     if arguments.profile is not None:
         _profile(arguments.profile, arguments.profile_bare)
     elif arguments.compare:
