@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     'PING_AFTER_IDLE_SECONDS',
+    'POOL_SIZE',
     'POSTGRES_PARAMETERS',
     'POSTGRES_TIMEOUTS',
     'SSL_MODES',
@@ -103,6 +104,13 @@ POSTGRES_PARAMETERS = frozenset(
 """The query parameters a PostgreSQL URL may carry (see docs/sql.md); any other is a `ValueError`."""
 
 
+POOL_SIZE = 15
+"""The connections a store's own PostgreSQL engine holds at most: SQLAlchemy's default cap (5 kept, 10 more
+while busy), all of them kept once opened (opened on demand). With overflow connections, many concurrent
+writers made the pool close connections at check-in and open new ones moments later, each paying its start,
+the driver's type introspection and the statements' prepares again (benchmarks/RESULTS.md, issue 22)."""
+
+
 def postgres_engine(url: URL) -> AsyncEngine:
     """A pooled asyncpg engine that hands out only live connections, without a round trip on a busy one.
 
@@ -117,7 +125,7 @@ def postgres_engine(url: URL) -> AsyncEngine:
     from sqlalchemy.ext.asyncio import create_async_engine
 
     driver_url, connect_args = asyncpg_arguments(url)
-    engine = create_async_engine(driver_url, connect_args=connect_args)
+    engine = create_async_engine(driver_url, connect_args=connect_args, pool_size=POOL_SIZE, max_overflow=0)
     event.listen(engine.sync_engine.pool, 'checkin', _note_idle_since)
     event.listen(engine.sync_engine.pool, 'checkout', _refuse_dead_connection)
     return engine
