@@ -303,6 +303,8 @@ class SnapshotSaves:
         digests = [message.digest for message in encoded]
         head = known.head
         plan = plan_saves(head, [digests])
+        if head.last_no + len(plan.rows) not in rows.SEQ_RANGE:
+            return None  # a damaged `through`: numbers past BIGINT, which only a branch (renumbered) can take
         try:
             bodies = [prepared.body(run_id, encoded[row.position]) for row in plan.rows]
         except NeedsPacking:
