@@ -3,10 +3,11 @@
 The time itself is measured by benchmarks/cli_startup.py (benchmarks/RESULTS.md); here, what each
 command loads: help loads neither pydantic-ai nor SQLAlchemy nor Alembic; a command that reads no
 message (listing, reporting, trees, unresolved calls) loads no pydantic-ai, a read loads no Alembic,
-a read on SQLite neither SQLAlchemy's ORM, nor its asyncio extension, nor its PostgreSQL dialect, a
-table of runs, tools or conversations written to a pipe no rich, and a store of one kind does not
-load another kind's driver. The stores read hold a run with a snapshot, so a command that decoded a
-message would load pydantic-ai. And typer builds only the commands a command line names.
+a read on SQLite neither SQLAlchemy's ORM, nor its asyncio extension, nor its PostgreSQL dialect, nor
+anyio's backend, a table of runs, tools or conversations written to a pipe no rich, and a store of
+one kind does not load another kind's driver. The stores read hold a run with a snapshot, so a
+command that decoded a message would load pydantic-ai. And typer builds only the commands a command
+line names.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ NOT_FOR_A_SQLITE_READ = (
     'sqlalchemy.orm',
     'sqlalchemy.ext.asyncio',
     'sqlalchemy.dialects.postgresql',
+    'anyio._backends',
 )
-"""What a SQLite read of no message never loads: the store runs Core statements on a `sqlite3` engine, and
-nothing of the schema or the statements needs SQLAlchemy's PostgreSQL dialect there."""
+"""What a SQLite read of no message never loads: the store runs Core statements on a `sqlite3` engine, on
+threads of its own (no anyio event-loop backend), and nothing of the schema or the statements needs
+SQLAlchemy's PostgreSQL dialect there."""
 RUN = 'agent.-run-1'
 
 LOADED = """

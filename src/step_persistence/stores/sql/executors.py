@@ -8,7 +8,7 @@ synchronous SQLAlchemy `Connection` inside a transaction). An executor runs it:
   so an operation costs the event loop one wake-up. Writes go to the engine's writer thread
   (`sqlite_writer.py`: SQLite admits one writer at a time, so the process's writes queue there,
   and those queued together share a transaction) rather than into SQLite's busy handler; reads
-  run on worker threads from the executor's own `CapacityLimiter`, so media stores or other
+  run on the executor's own thread pool, so media stores or other
   stores using threads cannot starve it. A database with a single connection (`:memory:`, a
   caller's `sqlite3` connection) runs every operation on the writer thread.
 - `AsyncExecutor` (PostgreSQL through asyncpg, and any application's `AsyncEngine`,
@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import sys
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
-import anyio
-import anyio.to_thread
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import StaticPool
@@ -156,7 +156,8 @@ class ThreadExecutor:
     def __init__(self, engine: Engine, *, threads: int) -> None:
         self._engine = engine
         self._writer = SqliteWriter(engine, engine.execution_options(**{WRITE_OPTION: True}))
-        self._threads = anyio.CapacityLimiter(threads)
+        self._thread_count = threads
+        self._threads = self._new_threads()
         self._single_connection = isinstance(engine.pool, StaticPool)
         """With one connection to share, reads go through the writer thread too."""
 
@@ -171,15 +172,49 @@ class ThreadExecutor:
     ) -> T:
         if write or self._single_connection:
             return await self._writer.run(partial(_with_transaction, operation, options, names=names), write=write)
-        run = partial(_in_transaction, self._engine, operation, options, names=names)
-        return await anyio.to_thread.run_sync(run, limiter=self._threads)
+        return await self._on_a_thread(partial(_in_transaction, self._engine, operation, options, names=names))
+
+    def _new_threads(self) -> ThreadPoolExecutor:
+        """The read threads (started as reads need them, at most `threads` at once)."""
+        return ThreadPoolExecutor(self._thread_count, thread_name_prefix='step-persistence-sqlite-read')
+
+    async def _on_a_thread(self, function: Callable[[], T]) -> T:
+        """`function`'s result, run on one of the executor's threads in a copy of the caller's context; the
+        thread hands the outcome back with one wake-up of the event loop. A cancelled caller waits for
+        `function` to end, as a thread cannot be interrupted (`run_to_completion`)."""
+        loop = asyncio.get_running_loop()
+        outcome: asyncio.Future[T] = loop.create_future()
+        context = contextvars.copy_context()
+
+        def work() -> None:
+            try:
+                result = context.run(function)
+            except BaseException as error:  # handed to the caller, whatever it is
+                loop.call_soon_threadsafe(_fail, outcome, error)
+            else:
+                loop.call_soon_threadsafe(_succeed, outcome, result)
+
+        self._threads.submit(work)
+        return await run_to_completion(outcome)
 
     def follow_loop(self) -> None:
         """Nothing to do: the connections live on threads, not on a loop."""
 
     async def dispose(self) -> None:
-        await anyio.to_thread.run_sync(self._writer.stop, limiter=self._threads)
-        await anyio.to_thread.run_sync(self._engine.dispose, limiter=self._threads)
+        await self._on_a_thread(self._writer.stop)
+        await self._on_a_thread(self._engine.dispose)
+        threads, self._threads = self._threads, self._new_threads()
+        threads.shutdown()  # its threads are idle: they end at once, and none is left behind
+
+
+def _succeed(outcome: asyncio.Future[T], result: T) -> None:
+    if not outcome.done():
+        outcome.set_result(result)
+
+
+def _fail(outcome: asyncio.Future[Any], error: BaseException) -> None:
+    if not outcome.done():
+        outcome.set_exception(error)
 
 
 def _with_transaction(
