@@ -48,10 +48,9 @@ SCRIPT = Path(sys.executable).with_name('step-persistence')
 FLOOR = 'import typer, typer.core, pydantic, sqlalchemy, sqlalchemy.dialects.sqlite'
 """What a command printing a table of records read from SQLite into a pipe cannot do without: the command
 line's library, the records' pydantic, SQLAlchemy's core and its SQLite dialect."""
-STORE_LIBRARIES = f'{FLOOR}, pydantic.main, sqlite3, anyio.to_thread, anyio._backends._asyncio'
+STORE_LIBRARIES = f'{FLOOR}, pydantic.main, sqlite3'
 """Every library `runs list` imports on a SQLite store (`python -X importtime`): the floor, pydantic's models
-(the records; `import pydantic` imports them on first use), Python's `sqlite3` and anyio's asyncio backend
-(the store's worker threads)."""
+(the records; `import pydantic` imports them on first use) and Python's `sqlite3`."""
 NO_COLLECTION = 'import gc; gc.disable()'
 """How the command line imports them: without collecting garbage until its store is open."""
 TARGETS = {'--help': 1.5, 'runs list': 1.5, 'report': 2.0}
