@@ -77,11 +77,25 @@ __all__ = [
     'flush_statements',
     'message_parameters',
     'snapshot_parameters',
+    'tool_effect_merge',
 ]
 
 _EVENT_FIELDS = tuple(name for name in rows.EVENT_FIELDS if name != 'run_id')
 _EFFECT_FIELDS = tuple(name for name in rows.TOOL_EFFECT_FIELDS if name != 'run_id')
 _MESSAGE_FIELDS = ('no', 'position', 'digest', 'body', 'externalized')
+
+
+def tool_effect_merge(excluded: Any, tool_effects: Table) -> dict[str, Any]:
+    """The columns a later ledger record of a stored call sets (`ON CONFLICT DO UPDATE`): the new status
+    and times, and the idempotency key and effect summary unless the new record has none."""
+    return {
+        'tool_name': excluded.tool_name,
+        'status': excluded.status,
+        'started_at': excluded.started_at,
+        'ended_at': excluded.ended_at,
+        'idempotency_key': func.coalesce(excluded.idempotency_key, tool_effects.c.idempotency_key),
+        'effect_summary': func.coalesce(excluded.effect_summary, tool_effects.c.effect_summary),
+    }
 
 
 def _param(name: str, type_: TypeEngine[Any]) -> ColumnElement[Any]:
@@ -142,14 +156,7 @@ def _effects(run: ColumnElement[Any], gate: CTE) -> CTE:
     return (
         upsert.on_conflict_do_update(
             index_elements=[tool_effects.c.run_id, tool_effects.c.tool_call_id],
-            set_={
-                'tool_name': excluded.tool_name,
-                'status': excluded.status,
-                'started_at': excluded.started_at,
-                'ended_at': excluded.ended_at,
-                'idempotency_key': func.coalesce(excluded.idempotency_key, tool_effects.c.idempotency_key),
-                'effect_summary': func.coalesce(excluded.effect_summary, tool_effects.c.effect_summary),
-            },
+            set_=tool_effect_merge(excluded, tool_effects),
         )
         .returning(tool_effects.c.tool_call_id)
         .cte('recorded')

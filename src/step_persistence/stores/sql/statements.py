@@ -33,7 +33,7 @@ from sqlalchemy.sql.selectable import CTE
 
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.dialects import DialectInsert, dialect_insert
-from step_persistence.stores.sql.flush_statement import flush_statements
+from step_persistence.stores.sql.flush_statement import flush_statements, tool_effect_merge
 from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.rows import RUN_KEY
 from step_persistence.stores.sql.schema import (
@@ -227,14 +227,7 @@ class WriteStatements:
             record_tool_effect=Prepared(
                 effects_insert.on_conflict_do_update(
                     index_elements=[tool_effects.c.run_id, tool_effects.c.tool_call_id],
-                    set_={
-                        'tool_name': excluded.tool_name,
-                        'status': excluded.status,
-                        'started_at': excluded.started_at,
-                        'ended_at': excluded.ended_at,
-                        'idempotency_key': func.coalesce(excluded.idempotency_key, tool_effects.c.idempotency_key),
-                        'effect_summary': func.coalesce(excluded.effect_summary, tool_effects.c.effect_summary),
-                    },
+                    set_=tool_effect_merge(excluded, tool_effects),
                 )
             ),
             claim_snapshot_key=Prepared(claim_snapshot_key),
