@@ -49,6 +49,7 @@ def test_a_crashed_run_shows_its_unresolved_effect_first_and_highlighted(page: P
     expect(card.locator('.idempotency-key')).to_have_text('charge-order-7')
     expect(card.locator('.summary')).to_have_text('charge 500')
     expect(page.locator('p.warning')).to_contain_text('1 unresolved')
+    page.wait_for_load_state('load')  # computed styles are only final once the stylesheet has loaded
     highlighted = card.evaluate('card => getComputedStyle(card).backgroundColor')
     settled = page.locator('article.effect:not(.unresolved)').first.evaluate('c => getComputedStyle(c).backgroundColor')
     assert highlighted != settled, 'the unresolved card stands out'
