@@ -36,8 +36,8 @@ demo: uv
 	$(UV) run --locked --no-sync python -m step_persistence.demo $(ARGS)
 
 lint: uv
-	$(UV) run --locked ruff check src tests
-	$(UV) run --locked ruff format --check src tests
+	$(UV) run --locked ruff check src tests benchmarks
+	$(UV) run --locked ruff format --check src tests benchmarks
 
 typecheck: uv
 	$(UV) run --locked mypy

@@ -57,10 +57,8 @@ import step_persistence as ours  # noqa: E402
 from support.scripted import calls, scripted, text  # noqa: E402
 
 theirs: Any = None
-try:
+with contextlib.suppress(ImportError):  # the benchmark environment has it
     import pydantic_ai_harness.step_persistence as theirs  # type: ignore[no-redef]
-except ImportError:  # pragma: no cover - the benchmark environment has it
-    pass
 
 CONTROL = False
 """`--control`: the comparator's side ('theirs') is this library again, on stores of its own, to show the
@@ -375,20 +373,20 @@ async def agent_overhead(
 
 
 async def storage(
-    backends: list[str], steps_list: list[int], timeout: float, root: Path, found: Servers
+    backends: list[str], steps_list: list[int], seconds_allowed: float, root: Path, found: Servers
 ) -> dict[tuple[str, str, int], int | str]:
-    """Bytes after one K-step run on a fresh store."""
+    """Bytes after one K-step run on a fresh store (a run taking over `seconds_allowed` is cut off)."""
     sizes: dict[tuple[str, str, int], int | str] = {}
     for backend in backends:
         for library in LIBRARIES:
             for steps in steps_list:
                 handle = await open_store(library, backend, root, found)
                 try:
-                    await asyncio.wait_for(run_agent(steps, [capability(library, handle.store)]), timeout)
+                    await asyncio.wait_for(run_agent(steps, [capability(library, handle.store)]), seconds_allowed)
                     await handle.close()
                     sizes[backend, library, steps] = await handle.size()
                 except TimeoutError:
-                    sizes[backend, library, steps] = f'run > {timeout:.0f} s'
+                    sizes[backend, library, steps] = f'run > {seconds_allowed:.0f} s'
                     await handle.close()
                 except Exception as error:
                     sizes[backend, library, steps] = f'{type(error).__name__}'
@@ -425,9 +423,9 @@ class _TimedOut:
     """What `_gather_within` gives back when the runs did not finish in time (they are cancelled)."""
 
 
-async def _gather_within(timeout: float, *runs: Awaitable[Any], return_exceptions: bool = True) -> list[Any]:
+async def _gather_within(seconds_allowed: float, *runs: Awaitable[Any], return_exceptions: bool = True) -> list[Any]:
     try:
-        return list(await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=return_exceptions), timeout))
+        return list(await asyncio.wait_for(asyncio.gather(*runs, return_exceptions=return_exceptions), seconds_allowed))
     except TimeoutError:
         return [_TimedOut()]
 
@@ -556,80 +554,95 @@ async def store_operations(
     results = []
     for backend in backends:
         for library in LIBRARIES:
-            records = Records(ours if _is_ours(library) else theirs)
-            result = StoreOps(backend, library)
-            handle = await open_store(library, backend, root, found)
-            store = handle.store
-            try:
-                await store.register_run(records.run('ops'))
-                result.figures['events/s'] = await _rate(
-                    ops, lambda n: store.append_event(records.event('ops', n)), budget
-                )
-                result.figures['effects/s'] = await _rate(
-                    ops,
-                    lambda n: store.record_tool_effect(records.effect('ops', n // 2, ('started', 'completed')[n % 2])),
-                    budget,
-                )
-                await store.register_run(records.run('snapshots'))
-                histories = growing_history(min(ops, 500))
-                result.figures['snapshots/s'] = await _rate(
-                    len(histories),
-                    lambda n: store.save_snapshot(records.snapshot('snapshots', n, histories[n])),
-                    budget,
-                )
-                # list_runs among many runs: 10 runs per conversation, one parent per 10 runs, registered
-                # 50 at a time (as 50 agents starting together would).
-                registered = time.perf_counter()
-                batch = 50
-                run_count = many_runs
-                for first in range(0, many_runs, batch):
-                    if first and time.perf_counter() - registered > runs_budget:
-                        run_count = first  # the store's registration is too slow for the budget: fewer runs
-                        break
-                    await asyncio.gather(
-                        *(
-                            store.register_run(
-                                records.run(f'r{n}', conversation_id=f'conv{n // 10}', parent_run_id=f'p{n // 10}')
-                            )
-                            for n in range(first, min(first + batch, many_runs))
-                        )
-                    )
-                result.figures['register_run/s'] = run_count / (time.perf_counter() - registered)
-                result.figures['runs'] = str(run_count)
-                middle = run_count // 20
-                found_runs = await store.list_runs(conversation_id=f'conv{middle}')
-                assert len(found_runs) == 10, len(found_runs)
-                result.figures['list_runs(conversation) ms'] = 1e3 * await _median_seconds(
-                    9, lambda: store.list_runs(conversation_id=f'conv{middle}')
-                )
-                result.figures['list_runs(parent) ms'] = 1e3 * await _median_seconds(
-                    9, lambda: store.list_runs(parent_run_id=f'p{middle}')
-                )
-                # latest_snapshot among many snapshots of one run (a constant 3-message history).
-                await store.register_run(records.run('many-snapshots'))
-                small = histories[0]
-                saved = time.perf_counter()
-                saved_count = many_snapshots
-                for number in range(many_snapshots):
-                    if number and time.perf_counter() - saved > budget:
-                        saved_count = number
-                        break
-                    await store.save_snapshot(records.snapshot('many-snapshots', number, small))
-                result.figures['snapshots/s (constant history)'] = saved_count / (time.perf_counter() - saved)
-                result.figures['snapshots'] = str(saved_count)
-                latest = await store.latest_snapshot(run_id='many-snapshots')
-                assert latest is not None and latest.step_index == saved_count - 1
-                result.figures['latest_snapshot ms'] = 1e3 * await _median_seconds(
-                    9, lambda: store.latest_snapshot(run_id='many-snapshots')
-                )
-            except Exception as error:
-                result.figures['error'] = f'{type(error).__name__}: {error}'[:200]
-                traceback.print_exc()
-            finally:
-                await handle.close()
+            result = await _store_operations_of(
+                library, backend, ops, many_runs, many_snapshots, budget, runs_budget, root, found
+            )
             print(f'store ops {backend} {library}: {result.figures}', flush=True)
             results.append(result)
     return results
+
+
+async def _store_operations_of(
+    library: str,
+    backend: str,
+    ops: int,
+    many_runs: int,
+    many_snapshots: int,
+    budget: float,
+    runs_budget: float,
+    root: Path,
+    found: Servers,
+) -> StoreOps:
+    records = Records(ours if _is_ours(library) else theirs)
+    result = StoreOps(backend, library)
+    handle = await open_store(library, backend, root, found)
+    store = handle.store
+    try:
+        await store.register_run(records.run('ops'))
+        result.figures['events/s'] = await _rate(ops, lambda n: store.append_event(records.event('ops', n)), budget)
+        result.figures['effects/s'] = await _rate(
+            ops,
+            lambda n: store.record_tool_effect(records.effect('ops', n // 2, ('started', 'completed')[n % 2])),
+            budget,
+        )
+        await store.register_run(records.run('snapshots'))
+        histories = growing_history(min(ops, 500))
+        result.figures['snapshots/s'] = await _rate(
+            len(histories),
+            lambda n: store.save_snapshot(records.snapshot('snapshots', n, histories[n])),
+            budget,
+        )
+        # list_runs among many runs: 10 runs per conversation, one parent per 10 runs, registered
+        # 50 at a time (as 50 agents starting together would).
+        registered = time.perf_counter()
+        batch = 50
+        run_count = many_runs
+        for first in range(0, many_runs, batch):
+            if first and time.perf_counter() - registered > runs_budget:
+                run_count = first  # the store's registration is too slow for the budget: fewer runs
+                break
+            await asyncio.gather(
+                *(
+                    store.register_run(
+                        records.run(f'r{n}', conversation_id=f'conv{n // 10}', parent_run_id=f'p{n // 10}')
+                    )
+                    for n in range(first, min(first + batch, many_runs))
+                )
+            )
+        result.figures['register_run/s'] = run_count / (time.perf_counter() - registered)
+        result.figures['runs'] = str(run_count)
+        middle = run_count // 20
+        found_runs = await store.list_runs(conversation_id=f'conv{middle}')
+        assert len(found_runs) == 10, len(found_runs)
+        result.figures['list_runs(conversation) ms'] = 1e3 * await _median_seconds(
+            9, lambda: store.list_runs(conversation_id=f'conv{middle}')
+        )
+        result.figures['list_runs(parent) ms'] = 1e3 * await _median_seconds(
+            9, lambda: store.list_runs(parent_run_id=f'p{middle}')
+        )
+        # latest_snapshot among many snapshots of one run (a constant 3-message history).
+        await store.register_run(records.run('many-snapshots'))
+        small = histories[0]
+        saved = time.perf_counter()
+        saved_count = many_snapshots
+        for number in range(many_snapshots):
+            if number and time.perf_counter() - saved > budget:
+                saved_count = number
+                break
+            await store.save_snapshot(records.snapshot('many-snapshots', number, small))
+        result.figures['snapshots/s (constant history)'] = saved_count / (time.perf_counter() - saved)
+        result.figures['snapshots'] = str(saved_count)
+        latest = await store.latest_snapshot(run_id='many-snapshots')
+        assert latest is not None and latest.step_index == saved_count - 1
+        result.figures['latest_snapshot ms'] = 1e3 * await _median_seconds(
+            9, lambda: store.latest_snapshot(run_id='many-snapshots')
+        )
+    except Exception as error:
+        result.figures['error'] = f'{type(error).__name__}: {error}'[:200]
+        traceback.print_exc()
+    finally:
+        await handle.close()
+    return result
 
 
 # --- report ---
@@ -704,8 +717,8 @@ def render(
             '### Agent overhead (FunctionModel agent, K sequential tool calls)',
             '',
             f'Medians of {arguments.rounds} interleaved rounds (3 at K=200; a configuration whose runs add up to more '
-            f'than {arguments.budget:.0f} s stops there: `rounds` gives how many it got). Overhead per step = (run time '
-            'with - run time without) / K. `ours/theirs` is the ratio of overheads per step (wall ; CPU).',
+            f'than {arguments.budget:.0f} s stops there: `rounds` gives how many it got). Overhead per step = '
+            '(run time with - run time without) / K. `ours/theirs` is the ratio of overheads per step (wall ; CPU).',
             '',
             '| backend | K | ms/step without | with/without (ours) | with/without (theirs) | overhead ms/step ours '
             '(wall / CPU) | overhead ms/step theirs (wall / CPU) | ours/theirs (wall ; CPU) | rounds ours / theirs |',

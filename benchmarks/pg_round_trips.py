@@ -29,11 +29,11 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
 
-from support.round_trips import counting_every_engine  # noqa: E402
-from support.scripted import calls, scripted, text as text_part  # noqa: E402
-from support.servers.postgres import postgres_server  # noqa: E402
-
-from step_persistence import SqlStepStore, StepPersistence  # noqa: E402
+from step_persistence import SqlStepStore, StepPersistence
+from support.round_trips import counting_every_engine
+from support.scripted import calls, scripted
+from support.scripted import text as text_part
+from support.servers.postgres import postgres_server
 
 
 def kind(statement: str) -> str:

@@ -38,9 +38,10 @@ from pyinstrument import Profiler
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
 
+from bench import run_agent, servers
+
 import step_persistence.stores.sql.executors as executors
 import step_persistence.stores.sql.sqlite_writer as sqlite_writer
-from bench import run_agent, servers
 from step_persistence import FileStepStore, InMemoryStepStore, PostgresStepStore, SqliteStepStore, StepPersistence
 from step_persistence.protocol import StepStore
 

@@ -47,9 +47,7 @@ from pydantic_ai.usage import UsageLimits
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'tests'))
 
-from support.scripted import calls, scripted, text  # noqa: E402
-
-from step_persistence import (  # noqa: E402
+from step_persistence import (
     ContinuableSnapshot,
     InMemoryStepStore,
     PostgresStepStore,
@@ -61,8 +59,9 @@ from step_persistence import (  # noqa: E402
     StepStore,
     ToolEffectRecord,
 )
-from step_persistence._history import HistoryEncoder  # noqa: E402
-from step_persistence.records import StepWrites  # noqa: E402
+from step_persistence._history import HistoryEncoder
+from step_persistence.records import StepWrites
+from support.scripted import calls, scripted, text
 
 TOOL_RESULT = 'lorem ipsum ' * 20
 
@@ -167,7 +166,10 @@ async def store_operations(store: SqlStepStore, ops: int) -> list[tuple[str, Tim
     run = await register('effects')
     statuses = ('started', 'completed')
     results.append(
-        ('record_tool_effect', await timed(ops, lambda n: store.record_tool_effect(effect(run, n // 2, statuses[n % 2]))))
+        (
+            'record_tool_effect',
+            await timed(ops, lambda n: store.record_tool_effect(effect(run, n // 2, statuses[n % 2]))),
+        )
     )
 
     history = StepHistory(await register('snapshots'))
@@ -231,7 +233,7 @@ def raw_sqlite3(path: Path, ops: int) -> list[tuple[str, Timing]]:
                 (upsert_effect, (f'c{number}', 'completed', 'raw')),
                 (insert_event, ('tool_call_completed', number, f'd:{number}', 'raw')),
             )
-    results.append(('a step\'s 3 flushes (snapshot: the run-row update only)', Timing(3 * (ops // 3), *spent)))
+    results.append(("a step's 3 flushes (snapshot: the run-row update only)", Timing(3 * (ops // 3), *spent)))
     connection.close()
     return results
 
