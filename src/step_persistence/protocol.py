@@ -72,12 +72,15 @@ class StepStore(Protocol):
         conversation_id: str | None = None,
         agent_name: str | None = None,
         origin_run_id: str | None = None,
+        run_id_prefix: str | None = None,
         limit: int | None = None,
         newest_first: bool = False,
     ) -> list[RunRecord]:
         """Runs matching every given filter, oldest `started_at` first (ties in registration order).
 
         `origin_run_id`: the runs continued or forked from one of that run's snapshots.
+        `run_id_prefix`: the runs whose id starts with it (case-sensitive, `%` and `_` are plain
+        characters; `''` matches every run).
         `newest_first=True` reverses the order; `limit` keeps the first `limit` of that order (a
         `limit` below 1, or one that is not an `int`, raises `ValueError`/`TypeError`).
         """

@@ -30,6 +30,7 @@ from step_persistence import (
     ToolEffectRecord,
     from_spec,
 )
+from step_persistence.cli._common import UsageError, resolve_run_id
 from step_persistence.cli.listing import BATCH, candidate_runs, select_summaries, summaries_in_one_query
 from step_persistence.reporting import summarize_runs
 from support.console_script import cli
@@ -229,6 +230,25 @@ class CountingStore(InMemoryStepStore):
     async def list_runs(self, **filters: Any) -> list[RunRecord]:
         self.listings.append(filters)
         return await super().list_runs(**filters)
+
+
+async def test_a_run_id_prefix_reads_only_the_runs_it_starts() -> None:
+    store = CountingStore()
+    for minute in range(100):
+        await add_run(store, f'run-{minute:03d}', minute)
+    returned: list[str] = []
+    listing = store.list_runs
+
+    async def counted(**filters: Any) -> list[RunRecord]:
+        records = await listing(**filters)
+        returned.extend(record.run_id for record in records)
+        return records
+
+    store.list_runs = counted  # type: ignore[method-assign]
+    assert await resolve_run_id(store, 'run-099') == 'run-099' and returned == [], 'an exact id is one read'
+    with pytest.raises(UsageError, match='10 run ids start with it'):
+        await resolve_run_id(store, 'run-05')
+    assert returned == [f'run-05{n}' for n in range(10)], 'the store lists only the runs the prefix starts'
 
 
 async def test_the_store_filters_orders_and_limits_the_runs_listed() -> None:

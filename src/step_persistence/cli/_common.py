@@ -381,12 +381,12 @@ async def resolve_run_id(store: StepStore, given: str) -> str:
     """The id of the run `given` names: the run with exactly that id, else the one run whose id starts with it.
 
     Raises `LookupError` (not found, 3) when no run matches, and `UsageError` (2) listing the
-    candidates when several do. An exact id costs one read; a prefix, one listing of the runs
-    (the protocol has no prefix query).
+    candidates when several do. An exact id costs one read; a prefix, one listing of the runs that
+    start with it.
     """
     if await store.get_run(run_id=given) is not None:
         return given
-    return _unique_prefix(given, [record.run_id for record in await store.list_runs()], 'run')
+    return _unique_prefix(given, [record.run_id for record in await store.list_runs(run_id_prefix=given)], 'run')
 
 
 async def resolve_conversation_id(store: StepStore, given: str) -> str:

@@ -36,11 +36,12 @@ class RunFilter:
     conversation_id: str | None = None
     agent_name: str | None = None
     origin_run_id: str | None = None
+    run_id_prefix: str | None = None
     limit: int | None = None
     newest_first: bool = False
 
     def __post_init__(self) -> None:
-        for name in ('parent_run_id', 'conversation_id', 'agent_name', 'origin_run_id'):
+        for name in ('parent_run_id', 'conversation_id', 'agent_name', 'origin_run_id', 'run_id_prefix'):
             require_text(name, getattr(self, name), optional=True)
         require_limit(self.limit)
         if not isinstance(self.newest_first, bool):
@@ -54,7 +55,12 @@ class RunFilter:
             and (
                 self.origin_run_id is None or (record.origin is not None and record.origin.run_id == self.origin_run_id)
             )
+            and self.admits_run_id(record.run_id)
         )
+
+    def admits_run_id(self, run_id: str) -> bool:
+        """Whether `run_id_prefix` (if given) starts `run_id`: a test on the id alone, before a record is read."""
+        return self.run_id_prefix is None or run_id.startswith(self.run_id_prefix)
 
     def select(self, runs: Iterable[tuple[RunRecord, int]]) -> list[RunRecord]:
         """The matching records of `(record, registration)` pairs, in order, limited."""

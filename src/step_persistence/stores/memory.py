@@ -113,6 +113,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         conversation_id: str | None = None,
         agent_name: str | None = None,
         origin_run_id: str | None = None,
+        run_id_prefix: str | None = None,
         limit: int | None = None,
         newest_first: bool = False,
     ) -> list[RunRecord]:
@@ -121,6 +122,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
             conversation_id=conversation_id,
             agent_name=agent_name,
             origin_run_id=origin_run_id,
+            run_id_prefix=run_id_prefix,
             limit=limit,
             newest_first=newest_first,
         )

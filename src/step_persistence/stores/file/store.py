@@ -360,6 +360,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         conversation_id: str | None = None,
         agent_name: str | None = None,
         origin_run_id: str | None = None,
+        run_id_prefix: str | None = None,
         limit: int | None = None,
         newest_first: bool = False,
     ) -> list[RunRecord]:
@@ -373,6 +374,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             conversation_id=conversation_id,
             agent_name=agent_name,
             origin_run_id=origin_run_id,
+            run_id_prefix=run_id_prefix,
             limit=limit,
             newest_first=newest_first,
         )
@@ -468,7 +470,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     def _list_every_run(self, chosen: RunFilter) -> list[RunRecord]:
         """`list_runs` without a conversation: every `run.json` is read, and the registration stamps of
         only the matching runs that share their `started_at` with another (the only order a stamp decides)."""
-        found = [pair for pair in self._each_run(self._read_listed) if chosen.matches(pair[0])]
+        found = [pair for pair in self._each_run(self._read_listed, chosen.admits_run_id) if chosen.matches(pair[0])]
         shared = Counter(record.started_at for record, _ in found)
 
         def stamped(record: RunRecord, stamp: int | None) -> int:
@@ -482,15 +484,18 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         """Every run's record and registration stamp (to index a directory written before the index)."""
         return self._each_run(self._read_run)
 
-    def _each_run(self, read: Callable[[str], _Read | None]) -> list[_Read]:
-        """`read(run_id)` of every run directory, in name order; unreadable ones skipped and logged."""
+    def _each_run(
+        self, read: Callable[[str], _Read | None], wanted: Callable[[str], bool] = lambda run_id: True
+    ) -> list[_Read]:
+        """`read(run_id)` of every run directory whose name is `wanted`, in name order; unreadable ones skipped
+        and logged."""
         try:
             entries = list(os.scandir(self.directory))
         except FileNotFoundError:
             return []
         names: list[str] = []
         for entry in entries:
-            if not is_run_directory_name(entry.name):
+            if not is_run_directory_name(entry.name) or not wanted(entry.name):
                 continue
             if entry.is_dir(follow_symlinks=False):
                 names.append(entry.name)

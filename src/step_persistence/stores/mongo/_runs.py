@@ -40,8 +40,28 @@ _FILTERS = {
 
 
 def run_query(chosen: RunFilter) -> dict[str, Any]:
-    """The `runs` query of the filters given (checked by `RunFilter`)."""
-    return {field: getattr(chosen, name) for name, field in _FILTERS.items() if getattr(chosen, name) is not None}
+    """The `runs` query of the filters given (checked by `RunFilter`); a `run_id_prefix` is a range of
+    `_id` (strings compare by code point), served by its index."""
+    query = {field: getattr(chosen, name) for name, field in _FILTERS.items() if getattr(chosen, name) is not None}
+    if chosen.run_id_prefix:
+        prefix = chosen.run_id_prefix
+        above = _above_every_extension(prefix)
+        query['_id'] = {'$gte': prefix} if above is None else {'$gte': prefix, '$lt': above}
+    return query
+
+
+def _above_every_extension(prefix: str) -> str | None:
+    """The least string above every string that starts with `prefix`, in code point order, or `None`
+    when there is none (`prefix` is all U+10FFFF, so every string at least `prefix` starts with it).
+
+    A surrogate (not encodable in BSON) is stepped over."""
+    kept = prefix.rstrip(chr(0x10FFFF))
+    if not kept:
+        return None
+    following = ord(kept[-1]) + 1
+    if 0xD800 <= following <= 0xDFFF:
+        following = 0xE000
+    return kept[:-1] + chr(following)
 
 
 def _describe(document: dict[str, Any]) -> str:

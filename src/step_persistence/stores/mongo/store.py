@@ -215,6 +215,7 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
         conversation_id: str | None = None,
         agent_name: str | None = None,
         origin_run_id: str | None = None,
+        run_id_prefix: str | None = None,
         limit: int | None = None,
         newest_first: bool = False,
     ) -> list[RunRecord]:
@@ -224,6 +225,7 @@ class MongoStepStore(PrunesOldRuns, ClosesOnExit):
             conversation_id=conversation_id,
             agent_name=agent_name,
             origin_run_id=origin_run_id,
+            run_id_prefix=run_id_prefix,
             limit=limit,
             newest_first=newest_first,
         )

@@ -2,16 +2,16 @@
 
 `list_runs` orders by `(started_at, id)` (descending for `newest_first`) with SQL's `LIMIT`: one
 filter reads its index in order (`ix_runs_<filter>_started_at_id`, or `ix_runs_started_at_id`
-without one), so the first `limit` rows end the read. `find_snapshot` finds the conversation's
-snapshots of one history through `ix_snapshots_conversation_id_history_digest` (a handful of rows)
-and orders them by their runs.
+without one), so the first `limit` rows end the read; a `run_id_prefix` alone scans the runs' ids.
+`find_snapshot` finds the conversation's snapshots of one history through
+`ix_snapshots_conversation_id_history_digest` (a handful of rows) and orders them by their runs.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.sql import Select
 
 from step_persistence.stores._listing import RunFilter
@@ -33,6 +33,12 @@ def runs_query(chosen: RunFilter) -> Select[Any]:
         value = getattr(chosen, name)
         if value is not None:
             statement = statement.where(column == value)
+    if chosen.run_id_prefix:
+        prefix = chosen.run_id_prefix
+        # LIKE finds the candidates (case-insensitive on SQLite), the substring keeps the exact ones.
+        statement = statement.where(
+            runs.c.run_id.startswith(prefix, autoescape=True), func.substr(runs.c.run_id, 1, len(prefix)) == prefix
+        )
     order = (runs.c.started_at, runs.c.id)
     statement = statement.order_by(*(column.desc() for column in order) if chosen.newest_first else order)
     return statement if chosen.limit is None else statement.limit(chosen.limit)

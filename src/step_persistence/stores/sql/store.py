@@ -176,6 +176,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
         conversation_id: str | None = None,
         agent_name: str | None = None,
         origin_run_id: str | None = None,
+        run_id_prefix: str | None = None,
         limit: int | None = None,
         newest_first: bool = False,
     ) -> list[RunRecord]:
@@ -184,6 +185,7 @@ class SqlStepStore(PrunesOldRuns, DatabaseStore):
             conversation_id=conversation_id,
             agent_name=agent_name,
             origin_run_id=origin_run_id,
+            run_id_prefix=run_id_prefix,
             limit=limit,
             newest_first=newest_first,
         )

@@ -321,6 +321,44 @@ class ConversationsConformance(ConformanceBase):
         assert await ids(limit=3, conversation_id='conv') == ['r0', 'r3', 'r1']
         assert await ids(limit=50) == ['r0', 'r3', 'r1', 'r4', 'r2']
 
+    async def test_list_runs_by_run_id_prefix(self, store: StepStore) -> None:
+        layout = [('run-a1', 'writer'), ('run-a2', 'reader'), ('RUN-a3', 'writer'), ('run_b', 'writer')]
+        layout += [('runXb', 'writer'), ('run.c', 'reader'), ('ru', 'writer')]
+        for minute, (run_id, agent) in enumerate(layout):
+            await self._register(store, run_id, agent_name=agent, started_at=T0 + timedelta(minutes=minute))
+
+        async def ids(**filters: Any) -> list[str]:
+            return [run.run_id for run in await store.list_runs(**filters)]
+
+        assert await ids(run_id_prefix='run-a') == ['run-a1', 'run-a2']  # case-sensitive: not RUN-a3
+        assert await ids(run_id_prefix='run_') == ['run_b']  # `_` is a character, not a wildcard
+        assert await ids(run_id_prefix='run.') == ['run.c']
+        assert await ids(run_id_prefix='run-a1') == ['run-a1']
+        assert await ids(run_id_prefix='run-a10') == []
+        assert await ids(run_id_prefix='') == [run_id for run_id, _ in layout]
+        assert await ids(run_id_prefix='ru', agent_name='writer', newest_first=True, limit=3) == [
+            'ru',
+            'runXb',
+            'run_b',
+        ]
+        with pytest.raises(TypeError):
+            await store.list_runs(run_id_prefix=7)  # type: ignore[arg-type]
+
+    async def test_list_runs_by_run_id_prefix_of_any_text(self, store: StepStore) -> None:
+        layout = ['50%-off', '50x-off', 'ñandú', 'ña', 'Ña', 'a\U0010ffffz', 'a\U0010ffff', 'b']
+        for minute, run_id in enumerate(layout):
+            await self._register(store, run_id, started_at=T0 + timedelta(minutes=minute))
+
+        async def ids(prefix: str) -> list[str]:
+            return [run.run_id for run in await store.list_runs(run_id_prefix=prefix)]
+
+        assert await ids('50%') == ['50%-off']  # `%` is a character, not a wildcard
+        assert await ids('ña') == ['ñandú', 'ña']  # not 'Ña'
+        assert await ids('Ña') == ['Ña']
+        assert await ids('ñan') == ['ñandú']
+        assert await ids('a\U0010ffff') == ['a\U0010ffffz', 'a\U0010ffff']
+        assert await ids('a') == ['a\U0010ffffz', 'a\U0010ffff']
+
     @pytest.mark.parametrize(
         ('limit', 'error'), [(0, ValueError), (-1, ValueError), ('5', TypeError), (True, TypeError)]
     )
