@@ -6,8 +6,9 @@ subprocesses start fast) and optional drivers are only needed by the stores that
 
 from __future__ import annotations
 
-from importlib import import_module
 from typing import TYPE_CHECKING, Any
+
+from step_persistence._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from step_persistence.capability import SnapshotSaved, StepPersistence
@@ -123,17 +124,9 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name from its module on first use."""
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    value = getattr(import_module(module), name)
+def _complete(name: str, value: Any) -> None:
     if name in _COMPLETED_ON_IMPORT:
         value.model_rebuild()
-    globals()[name] = value
-    return value
 
 
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULES})
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals(), prepare=_complete)

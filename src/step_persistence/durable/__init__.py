@@ -6,8 +6,9 @@ stores read and write them without it; `StepDurability` needs pydantic-ai 2.68 o
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from step_persistence._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from step_persistence.durable.engine import StepDurability
@@ -49,15 +50,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a public name from its module on first use."""
-    module = _MODULES.get(name)
-    if module is None:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    value = getattr(import_module(module), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *_MODULES})
+__getattr__, __dir__ = lazy_exports(__name__, _MODULES, globals())

@@ -5,9 +5,9 @@ tree into a `MediaStore` and leaves versioned markers holding `media+sha256://` 
 place; `restore_media` puts the original bytes and text back. See docs/media.md.
 """
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from step_persistence._lazy import lazy_exports
 from step_persistence.media.clock import REUSE_WINDOW
 from step_persistence.media.keys import default_key_strategy, make_static_public_url
 from step_persistence.media.protocol import (
@@ -63,9 +63,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """Import a store from `_LAZY` on first use."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f'module {__name__!r} has no attribute {name!r}')
-    return getattr(import_module(module), name)
+__getattr__, __dir__ = lazy_exports(__name__, _LAZY, globals())
