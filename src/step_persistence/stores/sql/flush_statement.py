@@ -3,8 +3,9 @@
 A flush at an agent step (a tool call's start; a tool cycle's completion with its snapshot) is a
 handful of rows of one run. In the transaction of `snapshot_saves.py` they cost a `BEGIN`, one
 round trip per statement and a `COMMIT`. Here the same writes are one data-modifying `WITH`
-statement of a fixed text (rows travel as arrays, `unnest(...)`, so that the statement is prepared
-once per connection whatever the number of rows), which PostgreSQL runs as its own transaction
+statement of a fixed text (the rows of each table travel as one JSON document, read with
+`json_to_recordset`, so that the statement is prepared once per connection whatever the number of
+rows, and its values are encoded in one `json.dumps` per table), which PostgreSQL runs as its own transaction
 when the connection is in autocommit (`Database.run(..., one_statement=True)`): one round trip,
 and durable when it returns. In a caller's transaction it is one statement of that transaction.
 
@@ -26,8 +27,9 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import (
@@ -50,12 +52,11 @@ from sqlalchemy import (
     true,
     update,
 )
-from sqlalchemy.engine import Dialect
 from sqlalchemy.sql import ColumnElement, Select
 from sqlalchemy.sql.selectable import CTE
 from sqlalchemy.types import TypeEngine
 
-from step_persistence.records import ContinuableSnapshot, StepEvent, ToolEffectRecord
+from step_persistence.records import ContinuableSnapshot, StepEvent, ToolEffectRecord, require_utc
 from step_persistence.stores._media import PackedMessage
 from step_persistence.stores._positions import NumberedRow
 from step_persistence.stores.sql import rows
@@ -106,50 +107,38 @@ def _param(name: str, type_: TypeEngine[Any]) -> ColumnElement[Any]:
     return cast(bindparam(name, type_=type_), type_)
 
 
-def _json_columns() -> dict[Column[Any], TypeEngine[Any]]:
-    """Columns whose values travel as JSON text in the arrays, with the type the statement parses them as:
-    `JSONB` for an event's metadata, `JSON` for a message body (kept as written)."""
+def _row_type(column: Column[Any]) -> TypeEngine[Any]:
+    """The type a column's values take in the rows' JSON document: an event's metadata as the `JSONB` object it
+    is, a message body as its text (cast to `JSON` by `_value`: kept exactly as written), anything else as the
+    column's own type."""
     from sqlalchemy.dialects.postgresql import JSONB
 
-    return {events.c.metadata: JSONB(), messages.c.body: JSON()}
+    if column is events.c.metadata:
+        return JSONB()
+    return Text() if column is messages.c.body else column.type
 
 
-def _element_type(column: Column[Any]) -> TypeEngine[Any]:
-    """The array element type a column's values travel as: JSON as its text."""
-    return Text() if column in _json_columns() else column.type
-
-
-def _unnest(prefix: str, table: Table, names: Sequence[str], *, ordinal: bool = False) -> Any:
-    """`unnest($prefix_name::type[], ...) AS prefix(name, ...)`: one row per array index."""
-    from sqlalchemy.dialects.postgresql import ARRAY
-
-    columns = [(name, _element_type(table.c[name])) for name in names]
-    arrays = [_param(f'{prefix}_{name}', ARRAY(type_)) for name, type_ in columns]
-    return (
-        func.unnest(*arrays)
-        .table_valued(
-            *(column(name, type_) for name, type_ in columns),
-            name=prefix,
-            with_ordinality='ordinal' if ordinal else None,
-        )
-        .render_derived()
-    )
+def _rows(prefix: str, table: Table, names: Sequence[str], *, ordinal: bool = False) -> Any:
+    """`json_to_recordset(CAST($prefix_rows AS JSON)) AS prefix(name type, ...)`: one row per object of the JSON
+    array, its keys the column names (with `ordinal`, also the row's index in the array, `ordinal`)."""
+    columns = [column(name, _row_type(table.c[name])) for name in names]
+    if ordinal:
+        columns.append(column('ordinal', Integer()))
+    document = cast(_param(f'{prefix}_rows', Text()), JSON())
+    return func.json_to_recordset(document).table_valued(*columns).render_derived(name=prefix, with_types=True)
 
 
 def _value(source: Any, table: Table, name: str) -> ColumnElement[Any]:
-    """Column `name` of an unnested row, as its table's column takes it (JSON text parsed: `_json_columns`)."""
-    parsed = _json_columns().get(table.c[name])
-    if parsed is not None:
-        return cast(source.c[name], parsed)
+    """Column `name` of a row of the document, as its table's column takes it (a message body's text as `JSON`)."""
     value: ColumnElement[Any] = source.c[name]
-    return value
+    return cast(value, JSON()) if table.c[name] is messages.c.body else value
 
 
 def _effects(run: ColumnElement[Any], gate: CTE) -> CTE:
     """The tool-effect upserts of the flush (as `WriteStatements.record_tool_effect`), if `gate` has a row."""
     from sqlalchemy.dialects.postgresql import insert as postgres_insert
 
-    new = _unnest('effect', tool_effects, _EFFECT_FIELDS)
+    new = _rows('effect', tool_effects, _EFFECT_FIELDS)
     source = select(run, *(_value(new, tool_effects, name) for name in _EFFECT_FIELDS)).where(exists(select(gate.c.id)))
     upsert = postgres_insert(tool_effects).from_select(list(rows.TOOL_EFFECT_FIELDS), source)
     excluded = upsert.excluded
@@ -167,7 +156,7 @@ def _events(run: ColumnElement[Any], gate: CTE) -> CTE:
     """The events of the flush in order (as `WriteStatements.append_event`), if `gate` has a row."""
     from sqlalchemy.dialects.postgresql import insert as postgres_insert
 
-    new = _unnest('event', events, _EVENT_FIELDS, ordinal=True)
+    new = _rows('event', events, _EVENT_FIELDS, ordinal=True)
     source = (
         select(run, *(_value(new, events, name) for name in _EVENT_FIELDS))
         .where(exists(select(gate.c.id)))
@@ -281,7 +270,7 @@ def _flush_snapshot() -> Select[Any]:
         .where(exists(select(allocated.c.id)))
         .cte('placed')
     )
-    new = _unnest('message', messages, _MESSAGE_FIELDS)
+    new = _rows('message', messages, _MESSAGE_FIELDS)
     stored = (
         postgres_insert(messages)
         .from_select(
@@ -406,35 +395,48 @@ class Outcome:
         return cls(run_pk, seq, line, through)
 
 
-def _json_encoder(dialect: Dialect) -> Callable[[Any], str]:
-    serializer: Callable[[Any], str] | None = getattr(dialect, '_json_serializer', None)
-    return serializer or json.dumps
+def _instant(value: object) -> str:
+    """A timestamp of a row in the JSON document: its ISO 8601 text (microseconds and offset kept, so exact)."""
+    if isinstance(value, datetime):
+        return require_utc(value).isoformat()
+    raise TypeError(f'{type(value).__name__} is not stored as JSON')
 
 
-def events_parameters(
-    dialect: Dialect, effects: Sequence[ToolEffectRecord], events_: Sequence[StepEvent]
-) -> dict[str, Any]:
-    """The `effect_*` and `event_*` arrays of `effects` and `events_` (their rows' values, column by column)."""
-    encode = _json_encoder(dialect)
-    parameters: dict[str, Any] = {}
-    effect_values = [rows.tool_effect_values(effect) for effect in effects]
-    for name in _EFFECT_FIELDS:
-        parameters[f'effect_{name}'] = [values[name] for values in effect_values]
-    event_values = [rows.event_values(event) for event in events_]
-    for name in _EVENT_FIELDS:
-        given = [values[name] for values in event_values]
-        parameters[f'event_{name}'] = [encode(value) for value in given] if name == 'metadata' else given
-    return parameters
+def _document(rows_: list[dict[str, Any]]) -> str:
+    """The JSON text of `rows_`, encoded in one call (the records' values are JSON's own types, or timestamps)."""
+    return json.dumps(rows_, ensure_ascii=False, separators=(',', ':'), default=_instant)
+
+
+def events_parameters(effects: Sequence[ToolEffectRecord], events_: Sequence[StepEvent]) -> dict[str, Any]:
+    """The `effect_rows` and `event_rows` documents of `effects` and `events_` (their rows' values, by column)."""
+    effect_rows = []
+    for effect in effects:
+        values = rows.tool_effect_values(effect)
+        effect_rows.append({name: values[name] for name in _EFFECT_FIELDS})
+    event_rows = []
+    for ordinal, event in enumerate(events_):
+        values = rows.event_values(event)
+        row = {name: values[name] for name in _EVENT_FIELDS}
+        row['ordinal'] = ordinal
+        event_rows.append(row)
+    return {'effect_rows': _document(effect_rows), 'event_rows': _document(event_rows)}
 
 
 def message_parameters(planned: Sequence[NumberedRow], bodies: Sequence[PackedMessage]) -> dict[str, Any]:
-    """The `message_*` arrays of the planned rows (numbered on the head's line) with their packed bodies."""
+    """The `message_rows` document of the planned rows (numbered on the head's line) with their packed bodies."""
     return {
-        'message_no': [row.no for row in planned],
-        'message_position': [row.position for row in planned],
-        'message_digest': [row.digest for row in planned],
-        'message_body': [body.data.decode() for body in bodies],
-        'message_externalized': [body.externalized for body in bodies],
+        'message_rows': _document(
+            [
+                {
+                    'no': row.no,
+                    'position': row.position,
+                    'digest': row.digest,
+                    'body': body.data.decode(),
+                    'externalized': body.externalized,
+                }
+                for row, body in zip(planned, bodies, strict=True)
+            ]
+        )
     }
 
 

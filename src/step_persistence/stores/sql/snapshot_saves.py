@@ -354,8 +354,7 @@ class SnapshotSaves:
     def _flush_events(
         transaction: Transaction, statement: Prepared, batch: StepWrites, parameters: dict[str, Any]
     ) -> _Flushed | None:
-        dialect = transaction.connection.dialect
-        every = parameters | flush_statement.events_parameters(dialect, batch.tool_effects, batch.events)
+        every = parameters | flush_statement.events_parameters(batch.tool_effects, batch.events)
         row = transaction.execute(statement, every).first()
         return None if row is None or row[0] is None else _Flushed(parameters[RUN_KEY])
 
@@ -367,8 +366,7 @@ class SnapshotSaves:
         parameters: dict[str, Any],
         digests: list[str],
     ) -> _Flushed | None:
-        dialect = transaction.connection.dialect
-        every = parameters | flush_statement.events_parameters(dialect, batch.tool_effects, batch.events)
+        every = parameters | flush_statement.events_parameters(batch.tool_effects, batch.events)
         outcome = flush_statement.Outcome.of(transaction.execute(statement, every).first())
         if outcome.run_pk is None:
             return None
