@@ -3,14 +3,15 @@
 The scenario matrix: each scenario drives one entry point (`run`, `run_stream`, `run_stream_events`,
 `iter`, deferred tools, ...) to one outcome, checks what is particular to it, and ends with
 `audit_run` (tests/support/audit.py) on every run it made. Each runs on every backend of the
-registry. `run_sync` is in a sync test of its own; the scenarios whose record depends on timing
+registry. `run_sync` and `run_stream_sync` are in sync tests of their own; the scenarios whose record depends on timing
 (abandoned streams, cancellation, timeouts) also run 20 times in one test each.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +32,21 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 from pydantic_ai.run import AgentRun
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
 from pydantic_ai.toolsets import FunctionToolset
-from pydantic_ai.usage import UsageLimits
+from pydantic_ai.usage import RunUsage, UsageLimits
 
-from step_persistence import InMemoryStepStore, SnapshotSaved, StepEvent, StepPersistence, StepStore, continue_run
+from step_persistence import (
+    InMemoryStepStore,
+    SnapshotSaved,
+    SqlStepStore,
+    StepEvent,
+    StepPersistence,
+    StepStore,
+    continue_run,
+)
 from step_persistence.helpers import unanswered_tool_call_ids
-from support.audit import Audit, audit_run, audit_store, successful_returns
+from step_persistence.reporting import summarize_runs
+from step_persistence.stores.sql.reporting import read_report
+from support.audit import Audit, audit_run, audit_store, returns_in, successful_returns
 from support.backends import Backend, StoreMaker
 from support.recording import RecordingStore
 
@@ -149,6 +160,20 @@ async def audit_only_run(store: StepStore, **options: Any) -> Audit:
     return audit
 
 
+async def assert_totals(store: StepStore, usage: RunUsage) -> None:
+    """The run's totals are pydantic-ai's `usage`: through the protocol, and on SQL from the `run_summary` view."""
+    reports = [await summarize_runs(store)]
+    if isinstance(store, SqlStepStore):
+        reports.append((await read_report(store))[0])
+    for [summary] in reports:
+        totals = (summary.model_requests, summary.input_tokens, summary.output_tokens)
+        assert totals == (usage.requests, usage.input_tokens, usage.output_tokens)
+        assert summary.input_tokens > 0 and summary.output_tokens > 0
+
+
+INTERRUPTED_RETURN = 'The tool call was interrupted before a result was produced.'
+"""pydantic-ai's return for a call it closes without running it."""
+
 TOOL_CYCLE_EVENTS = [
     'run_started',
     'model_request_started',
@@ -177,6 +202,21 @@ async def run_completes(store: StepStore) -> None:
     assert audit.kinds == [*TOOL_CYCLE_EVENTS, 'model_request_completed', 'run_completed']
     assert [(s.step_index, s.state) for s in audit.snapshots] == [(1, 'complete'), (2, 'complete')]
     assert audit.latest is not None and dump(audit.latest.messages) == dump(result.all_messages())
+    await assert_totals(store, result.usage)
+
+
+@scenario
+async def run_continued_with_the_conversation_object(store: StepStore) -> None:
+    agent = persisted(store, model(LOOKUP, text('done')))
+    first = await agent.run('go', conversation_id='conv')
+    second = await agent.run('more', conversation=first.conversation)
+    audits = await audit_store(store)
+    assert [audit.run.conversation_id for audit in audits] == ['conv', 'conv']
+    assert [audit.terminal.kind for audit in audits] == ['run_completed', 'run_completed']
+    # What the store continues from is what the conversation object carried, and each run's final snapshot is its
+    # result's history.
+    assert dump(await continue_run(store, run_id=audits[0].run.run_id)) == dump(first.conversation.messages)
+    assert audits[1].latest is not None and dump(audits[1].latest.messages) == dump(second.all_messages())
 
 
 @scenario
@@ -205,6 +245,9 @@ async def run_stream_output_tool_consumed(store: StepStore) -> None:
     # `run` stores the same history.
     result = await persisted(InMemoryStepStore(), model(LOOKUP, final), output_type=Answer).run('go')
     assert shape(latest.messages) == shape(result.all_messages())
+    # Continuing the streamed chat starts after the answer, so the model does not answer again.
+    assert shape(await continue_run(store, run_id=audit.run.run_id)) == shape(stream.all_messages())
+    await assert_totals(store, stream.usage)
 
 
 @scenario
@@ -307,6 +350,12 @@ async def iter_left_after_a_tool_cycle(store: StepStore) -> None:
     [snapshot] = audit.snapshots
     assert snapshot.state == 'complete' and successful_returns(snapshot.messages) == {'lookup-1': 'value of a'}
     assert audit.continued is not None  # resumed with no new prompt: the model gets the return
+    # Whichever way a caller looks for the point to resume from, it holds the call that already happened.
+    for history in [
+        await continue_run(store, run_id=audit.run.run_id),
+        await continue_run(store, run_id=audit.run.run_id, include_interrupted=True),
+    ]:
+        assert successful_returns(history) == {'lookup-1': 'value of a'}
 
 
 @scenario
@@ -406,6 +455,18 @@ async def deferred_call_deferred_raised(store: StepStore) -> None:
 
 
 @scenario
+async def deferred_resumed_with_the_conversation_object(store: StepStore) -> None:
+    agent = deferring_agent(store, [calls(('delete', {'path': '/tmp/x'}, 'delete-1')), text('done')])
+    first = await agent.run('go', conversation_id='conv')
+    assert isinstance(first.output, DeferredToolRequests)
+    approved = DeferredToolResults(approvals={'delete-1': True})
+    assert (await agent.run(conversation=first.conversation, deferred_tool_results=approved)).output == 'done'
+    paused, resumed = await audit_store(store)
+    assert paused.effects == {} and resumed.statuses() == {'delete-1': 'completed'}
+    assert resumed.run.conversation_id == 'conv' and resumed.terminal.kind == 'run_completed'
+
+
+@scenario
 async def output_validator_retries(store: StepStore) -> None:
     agent = persisted(store, model(LOOKUP, text('bad'), text('good')))
 
@@ -433,6 +494,23 @@ async def usage_limit_exceeded(store: StepStore) -> None:
 
 
 @scenario
+async def tool_call_limit_exceeded(store: StepStore) -> None:
+    agent = persisted(store, model(LOOKUP, calls(('lookup', {'key': 'b'}, 'lookup-2')), text('done')))
+    with pytest.raises(UsageLimitExceeded):
+        await agent.run('go', usage_limits=UsageLimits(tool_calls_limit=1))
+    audit = await audit_only_run(store)
+    assert audit.kinds[-2:] == ['model_request_completed', 'run_failed']
+    assert audit.statuses() == {'lookup-1': 'completed'}
+    # The refused call never started. As in pydantic-ai's history, the failure snapshot ends with the interruption
+    # marker; the newest complete one is the settled cycle.
+    latest, complete = audit.latest, audit.latest_complete
+    assert latest is not None and latest.state == 'interrupted'
+    assert unanswered_tool_call_ids(latest.messages) == ['lookup-2']
+    assert isinstance(latest.messages[-1], ModelRequest) and latest.messages[-1].state == 'interrupted'
+    assert complete is not None and successful_returns(complete.messages) == {'lookup-1': 'value of a'}
+
+
+@scenario
 async def token_limit_exceeded(store: StepStore) -> None:
     agent = persisted(store, model(LOOKUP, text('done')))
     with pytest.raises(UsageLimitExceeded):
@@ -442,6 +520,13 @@ async def token_limit_exceeded(store: StepStore) -> None:
     # The response that crossed the limit is kept, as pydantic-ai keeps it, marked interrupted.
     assert audit.latest is not None and audit.latest.state == 'interrupted'
     assert isinstance(audit.latest.messages[-1], ModelResponse) and audit.latest.messages[-1].state == 'interrupted'
+    # Continued with no prompt, a run acts on that response and runs its call; a new prompt closes the call instead.
+    history = await continue_run(store, run_id=audit.run.run_id, include_interrupted=True)
+    await persisted(store, model(text('after'))).run(message_history=history)
+    await persisted(store, model(text('after'))).run('go on', message_history=history)
+    [_, acted, closed] = await audit_store(store)
+    assert acted.statuses() == {'lookup-1': 'completed'} and closed.effects == {}
+    assert closed.latest is not None and returns_in(closed.latest.messages) == {'lookup-1': INTERRUPTED_RETURN}
 
 
 async def hanging_tool_agent(store: StepStore, entered: asyncio.Event, **options: Any) -> Agent[None, Any]:
@@ -486,7 +571,20 @@ async def cancelled_in_a_tool(store: StepStore) -> None:
     entered = asyncio.Event()
     agent = await hanging_tool_agent(store, entered)
     await cancel_when(asyncio.create_task(agent.run('go')), entered)
-    assert_cancelled_in_tool(await audit_only_run(store), 'CancelledError()')
+    audit = await audit_only_run(store)
+    assert_cancelled_in_tool(audit, 'CancelledError()')
+    # Continued from the failure snapshot, the cancelled call is closed, not run again.
+    history = await continue_run(store, run_id=audit.run.run_id, include_interrupted=True)
+    again = persisted(store, model(text('after')))
+
+    @again.tool_plain
+    async def hang() -> str:
+        raise AssertionError('a cancelled call is run again')
+
+    assert (await again.run(message_history=history)).output == 'after'
+    [_, continued] = await audit_store(store)
+    assert continued.effects == {} and continued.latest is not None
+    assert returns_in(continued.latest.messages) == {'lookup-1': 'value of a', 'hang-1': INTERRUPTED_RETURN}
 
 
 @scenario
@@ -671,14 +769,9 @@ async def test_timeouts_repeatedly(make_store: StoreMaker) -> None:
 # --- run_sync: the store used from several event loops in turn ---
 
 
-def test_run_sync_alternating_with_asyncio_run(any_backend: Backend, request: pytest.FixtureRequest) -> None:
-    """Turns of a chat with `run_sync`, each read back and continued with `asyncio.run`.
-
-    `run_sync` drives the thread's event loop; every `asyncio.run` makes a new one; the backend's
-    session lives on a third (a blocking portal's). The store is used from each in turn (on every
-    client library: what binds to a loop is the client's).
-    """
-    backend = any_backend
+@contextmanager
+def store_beside_event_loops(backend: Backend, request: pytest.FixtureRequest) -> Iterator[StepStore]:
+    """A store of `backend` for a sync test: its backend session lives on a blocking portal's event loop."""
     if backend.name in LOOP_BOUND:
         request.applymarker(pytest.mark.xfail(strict=True, raises=RuntimeError, reason=LOOP_BOUND[backend.name]))
     for fixture in SERVER_FIXTURES.get(backend.name, ()):
@@ -686,6 +779,18 @@ def test_run_sync_alternating_with_asyncio_run(any_backend: Backend, request: py
     request.getfixturevalue('tmp_path')
     with start_blocking_portal() as portal, portal.wrap_async_context_manager(backend.open(request)) as session:
         store = portal.call(session.make)
+        yield store
+        asyncio.run(store.aclose())
+
+
+def test_run_sync_alternating_with_asyncio_run(any_backend: Backend, request: pytest.FixtureRequest) -> None:
+    """Turns of a chat with `run_sync`, each read back and continued with `asyncio.run`.
+
+    `run_sync` drives the thread's event loop; every `asyncio.run` makes a new one; the backend's
+    session lives on a third (a blocking portal's). The store is used from each in turn (on every
+    client library: what binds to a loop is the client's).
+    """
+    with store_beside_event_loops(any_backend, request) as store:
         agent = persisted(store, model(LOOKUP, text('done')))
         history: list[ModelMessage] | None = None
         for turn in range(3):
@@ -696,7 +801,27 @@ def test_run_sync_alternating_with_asyncio_run(any_backend: Backend, request: py
             assert audit.terminal.kind == 'run_completed' and audit.latest is not None
             assert dump(audit.latest.messages) == dump(result.all_messages())
             history = asyncio.run(continue_run(store, run_id=runs[-1].run_id))
-        asyncio.run(store.aclose())
+
+
+def test_run_stream_sync_read_whole_then_left_early(any_backend: Backend, request: pytest.FixtureRequest) -> None:
+    """`run_stream_sync` read to the end, the chat continued from the store, then a second stream left early."""
+    with store_beside_event_loops(any_backend, request) as store:
+        agent = persisted(store, model(LOOKUP, text('one two three'), text('four five six seven')))
+        with agent.run_stream_sync('go', conversation_id='conv') as whole:
+            assert whole.get_output() == 'one two three'
+        [first] = asyncio.run(store.list_runs(conversation_id='conv'))
+        history = asyncio.run(continue_run(store, run_id=first.run_id))
+        assert dump(history) == dump(whole.all_messages())
+        with agent.run_stream_sync('more', message_history=history, conversation_id='conv') as left:
+            seen = next(iter(left.stream_text(debounce_by=None)))
+        consumed, abandoned = asyncio.run(audit_store(store))
+        assert consumed.kinds == [*TOOL_CYCLE_EVENTS, 'model_request_completed', 'run_completed']
+        assert abandoned.kinds[-3:] == ['model_request_started', 'model_request_failed', 'run_failed']
+        latest = abandoned.latest
+        assert latest is not None and latest.state == 'complete'
+        [*_, response] = latest.messages
+        assert isinstance(response, ModelResponse) and response.state == 'interrupted'
+        assert (response.text or '').startswith(seen) and response.text != 'four five six seven'
 
 
 SERVER_FIXTURES = {'postgres': ('postgres_server',), 'mongo': ('mongo_server',), 'motor': ('mongo_server',)}

@@ -13,11 +13,13 @@
   request carries either;
 - lineage and metadata: every event carries the run record's conversation, parent, agent name and
   metadata;
-- ledger: every call with events has its record, with the final status of its events and `ended_at`
-  set, and nothing is left `started` in a run that ended in-process;
+- ledger: the ledger holds exactly the calls that have events, each with the final status of its
+  events and `ended_at` set, and nothing is left `started` in a run that ended in-process;
 - snapshots: sequence numbers increase, `state == 'complete'` exactly when the history is
   provider-valid, the newest snapshot holds every tool return an earlier one held, and every call
   the ledger says `completed` has its return in it (none the ledger says `failed` has a successful one);
+- recovery: `inspect_recovery` names the same newest snapshot, newest complete snapshot and
+  unresolved calls as the reads above;
 - continuation: the newest complete snapshot, given to `Agent.run(message_history=...)` of a plain
   agent, is accepted, and the model sees every stored tool return unchanged.
 """
@@ -38,6 +40,7 @@ from step_persistence import (
     StepEvent,
     StepStore,
     ToolEffectRecord,
+    inspect_recovery,
     is_provider_valid,
 )
 
@@ -186,6 +189,9 @@ async def _check_ledger(audit: Audit, store: StepStore, final: dict[str, str], *
             problems.append(f'ledger record of {call_id} has ended_at {record.ended_at}')
         if record.status == 'failed' and not record.effect_summary:
             problems.append(f'failed ledger record of {call_id} has no summary')
+    ledger = {record.tool_call_id for record in await store.list_tool_effects(run_id=audit.run.run_id)}
+    if ledger != set(audit.effects):
+        problems.append(f'the ledger holds {sorted(ledger)}, the calls with events are {sorted(audit.effects)}')
     unresolved = await store.list_unresolved_tool_effects(run_id=audit.run.run_id)
     if ended_in_process and unresolved:
         problems.append(f'records left started: {[record.tool_call_id for record in unresolved]}')
@@ -220,6 +226,15 @@ async def _check_snapshots(audit: Audit, store: StepStore) -> None:
         problems.append('latest_snapshot(include_interrupted=True) is not the last listed snapshot')
     if await store.latest_snapshot(run_id=run_id) != audit.latest_complete:
         problems.append('latest_snapshot() is not the newest complete snapshot')
+
+
+async def _check_recovery(audit: Audit, store: StepStore) -> None:
+    report = await inspect_recovery(store, run_id=audit.run.run_id)
+    if report.latest_snapshot != audit.latest or report.latest_complete_snapshot != audit.latest_complete:
+        audit.problems.append('inspect_recovery names other snapshots than the newest and the newest complete')
+    unresolved = await store.list_unresolved_tool_effects(run_id=audit.run.run_id)
+    if report.unresolved_effects != unresolved:
+        audit.problems.append('inspect_recovery names other unresolved calls than the ledger')
 
 
 async def _check_continuation(audit: Audit) -> None:
@@ -261,6 +276,7 @@ async def audit_run(store: StepStore, run_id: str, *, ended_in_process: bool = T
     final = _check_events(audit, ended_in_process=ended_in_process)
     await _check_ledger(audit, store, final, ended_in_process=ended_in_process)
     await _check_snapshots(audit, store)
+    await _check_recovery(audit, store)
     if continues and not audit.problems:
         await _check_continuation(audit)
     assert not audit.problems, f'run {run_id}:\n  ' + '\n  '.join(audit.problems)

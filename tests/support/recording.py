@@ -64,6 +64,9 @@ class RecordingStore:
     async def list_unresolved_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
         return await self.inner.list_unresolved_tool_effects(run_id=run_id)
 
+    async def list_tool_effects(self, *, run_id: str) -> list[ToolEffectRecord]:
+        return await self.inner.list_tool_effects(run_id=run_id)
+
     async def delete_run(self, *, run_id: str) -> None:
         await self.inner.delete_run(run_id=run_id)
 
