@@ -508,6 +508,13 @@ async def tool_call_limit_exceeded(store: StepStore) -> None:
     assert unanswered_tool_call_ids(latest.messages) == ['lookup-2']
     assert isinstance(latest.messages[-1], ModelRequest) and latest.messages[-1].state == 'interrupted'
     assert complete is not None and successful_returns(complete.messages) == {'lookup-1': 'value of a'}
+    # Continued from the failure snapshot, the refused call is closed, not run.
+    history = await continue_run(store, run_id=audit.run.run_id, include_interrupted=True)
+    again = persisted(store, model(text('after')))
+    assert (await again.run(message_history=history)).output == 'after'
+    [_, continued] = await audit_store(store)
+    assert continued.effects == {} and continued.latest is not None
+    assert returns_in(continued.latest.messages) == {'lookup-1': 'value of a', 'lookup-2': INTERRUPTED_RETURN}
 
 
 @scenario
