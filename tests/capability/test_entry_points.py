@@ -751,7 +751,7 @@ async def test_cancellations_repeatedly(make_store: StoreMaker) -> None:
 async def test_timeouts_repeatedly(make_store: StoreMaker) -> None:
     """Time runs out after 0.05 s, 0.1 s, ... 0.5 s: before the run is registered, in a model request, in a tool."""
     store = await make_store()
-    reached = 0
+    reached: set[str] = set()
     for iteration in range(20):
         in_tool = iteration % 2 == 0
         entered = asyncio.Event()
@@ -768,9 +768,9 @@ async def test_timeouts_repeatedly(make_store: StoreMaker) -> None:
         audit = await audit_run(store, runs[0].run_id)
         assert audit.terminal.error == TIMED_OUT
         if entered.is_set():
-            reached += 1
+            reached.add('tool' if in_tool else 'model request')
             (assert_cancelled_in_tool if in_tool else assert_cancelled_in_model_request)(audit, TIMED_OUT)
-    assert reached > 0
+    assert reached == {'tool', 'model request'}, 'a timeout landed in each'
 
 
 # --- run_sync: the store used from several event loops in turn ---
