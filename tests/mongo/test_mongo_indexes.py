@@ -10,7 +10,7 @@ from step_persistence import MongoStepStore, RunRecord, StepEvent, ToolEffectRec
 from step_persistence.records import RunOrigin
 from step_persistence.stores.mongo import IndexCreationError
 from step_persistence.testing.conformance import sample_history
-from support.mongo_helpers import CommandLog, scratch, snapshot, store_in
+from support.mongo_helpers import CommandLog, explain, scratch, snapshot, store_in
 from support.servers.mongo import MongoServer, Scratch
 
 __all__ = ['scratch']
@@ -122,43 +122,6 @@ async def test_an_index_of_the_same_name_with_other_options_is_reported(scratch:
 
 
 # --- the listings are served by indexes (query plans) ---
-
-
-def winning_stages(explained: Any) -> list[tuple[str, str | None]]:
-    """`(stage, index name)` of every stage of every winning plan in an `explain` answer."""
-    found: list[tuple[str, str | None]] = []
-
-    def stages(node: Any) -> None:
-        if isinstance(node, dict):
-            if 'stage' in node:
-                found.append((node['stage'], node.get('indexName')))
-            for value in node.values():
-                stages(value)
-        elif isinstance(node, list):
-            for value in node:
-                stages(value)
-
-    def plans(node: Any) -> None:
-        if isinstance(node, dict):
-            for key, value in node.items():
-                if key == 'winningPlan':
-                    stages(value)
-                elif key != 'rejectedPlans':
-                    plans(value)
-        elif isinstance(node, list):
-            for value in node:
-                plans(value)
-
-    plans(explained)
-    return found
-
-
-async def explain(db: Any, command: dict[str, Any]) -> list[tuple[str, str | None]]:
-    """The winning plan's stages of a command the store sent (as it sent it, minus session fields)."""
-    sent = {
-        key: value for key, value in command.items() if not key.startswith('$') and key not in ('lsid', 'txnNumber')
-    }
-    return winning_stages(await db.command('explain', sent, verbosity='queryPlanner'))
 
 
 async def populated(store: MongoStepStore) -> None:

@@ -1,22 +1,14 @@
 """Listing runs and conversations, finding and reading snapshots, and deleting a run are answered from
-indexes, on SQLite and on PostgreSQL.
-
-Asserted on the query plans of the statements the store actually sends (captured from the
-engine), never on timings: SQLite's `EXPLAIN QUERY PLAN`, and PostgreSQL's `EXPLAIN` with
-sequential scans, bitmap scans and sorts disabled, so that the planner reads an index in order
-whenever one can answer the query (on tables this small it would otherwise scan and sort, which
-says nothing about large ones; a disabled node still appears when nothing else can answer).
+indexes, on SQLite and on PostgreSQL (asserted on query plans: see support/query_plans.py).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterator
 
 import pytest
 from pydantic_ai.messages import ModelRequest, ModelResponse, TextPart
-from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore
@@ -24,10 +16,15 @@ from step_persistence.records import RunOrigin
 from step_persistence.testing.conformance import T0
 from step_persistence.testing.conformance.conversations import chat_history
 from support.databases import EmptyDatabase
+from support.query_plans import (
+    assert_no_full_scan,
+    assert_no_sort,
+    assert_uses_index,
+    query_plans,
+    statements_sent_by,
+)
 
 pytestmark = pytest.mark.anyio
-
-Captured = list[tuple[str, Any]]
 
 
 @pytest.fixture
@@ -86,65 +83,6 @@ _PLANNED = ('SELECT', 'WITH', 'UPDATE', 'DELETE')
 TABLES = ('runs', 'conversations', 'snapshots', 'snapshot_keys', 'events', 'tool_effects', 'history_lines', 'messages')
 
 
-async def _selects(
-    engine: AsyncEngine, read: Callable[[], Awaitable[object]], *, kinds: tuple[str, ...] = ('SELECT',)
-) -> Captured:
-    """The statements of `kinds` (with their driver parameters) that `read` sends through `engine`."""
-    captured: Captured = []
-
-    def capture(connection: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool) -> None:
-        if statement.lstrip().upper().startswith(kinds):
-            captured.append((statement, parameters))
-
-    event.listen(engine.sync_engine, 'before_cursor_execute', capture)
-    try:
-        await read()
-    finally:
-        event.remove(engine.sync_engine, 'before_cursor_execute', capture)
-    assert captured, 'the read sent no SELECT'
-    return captured
-
-
-async def _plan(engine: AsyncEngine, statement: str, parameters: Any) -> str:
-    """The plan of one captured statement, as text (one line per plan node)."""
-    async with engine.connect() as connection:
-        if engine.dialect.name == 'sqlite':
-            found = await connection.exec_driver_sql(f'EXPLAIN QUERY PLAN {statement}', parameters)
-            return '\n'.join(str(row[-1]) for row in found)
-        for setting in ('enable_seqscan', 'enable_bitmapscan', 'enable_sort'):
-            await connection.exec_driver_sql(f'SET {setting} = off')
-        found = await connection.exec_driver_sql(f'EXPLAIN {statement}', parameters)
-        return '\n'.join(str(row[0]) for row in found)
-
-
-async def _plans(
-    engine: AsyncEngine, read: Callable[[], Awaitable[object]], *, kinds: tuple[str, ...] = ('SELECT',)
-) -> list[str]:
-    captured = await _selects(engine, read, kinds=kinds)
-    return [await _plan(engine, statement, parameters) for statement, parameters in captured]
-
-
-def _assert_no_full_scan(plan: str, table: str) -> None:
-    """No plan node reads every row of `table`."""
-    sqlite_scan = re.search(rf'^SCAN {table}\b(?! USING (COVERING )?INDEX)', plan, re.MULTILINE)
-    postgres_scan = re.search(rf'Seq Scan on {table}\b', plan)
-    assert sqlite_scan is None and postgres_scan is None, plan
-
-
-def _assert_uses_index(plan: str, table: str, index: str) -> None:
-    """`table` is read through `index` (SQLite: SEARCH/SCAN ... USING INDEX; PostgreSQL: an index scan)."""
-    sqlite = re.search(rf'^(SEARCH|SCAN) {table} USING (COVERING )?INDEX {index}\b', plan, re.MULTILINE)
-    postgres = re.search(rf'(Index Scan|Index Only Scan|Bitmap Index Scan)( Backward)? (using|on) {index}\b', plan)
-    assert sqlite is not None or postgres is not None, plan
-    _assert_no_full_scan(plan, table)
-
-
-def _assert_no_sort(plan: str) -> None:
-    """The index gives the order: no temporary B-tree (SQLite) or sort node (PostgreSQL)."""
-    assert 'USE TEMP B-TREE FOR ORDER BY' not in plan, plan
-    assert not re.search(r'^\s*(->\s*)?(Incremental )?Sort\b', plan, re.MULTILINE), plan
-
-
 @pytest.mark.parametrize(
     ('filters', 'index'),
     [
@@ -157,16 +95,16 @@ def _assert_no_sort(plan: str) -> None:
 async def test_list_runs_reads_an_index_in_order(
     engine: AsyncEngine, store: SqlStepStore, filters: dict[str, str], index: str
 ) -> None:
-    (plan,) = await _plans(engine, lambda: store.list_runs(**filters))
-    _assert_uses_index(plan, 'runs', index)
-    _assert_no_sort(plan)
+    (plan,) = await query_plans(engine, lambda: store.list_runs(**filters))
+    assert_uses_index(plan, 'runs', index)
+    assert_no_sort(plan)
 
 
 @pytest.mark.parametrize('include_interrupted', [False, True], ids=['complete', 'any state'])
 async def test_latest_snapshot_reads_indexes(
     engine: AsyncEngine, store: SqlStepStore, include_interrupted: bool
 ) -> None:
-    header, *messages = await _plans(
+    header, *messages = await query_plans(
         engine, lambda: store.latest_snapshot(run_id='run-0', include_interrupted=include_interrupted)
     )
     # The newest snapshot of the run comes from the (run_id, state, seq) index or the (run_id, seq)
@@ -176,25 +114,25 @@ async def test_latest_snapshot_reads_indexes(
     index = (
         'ix_snapshots_run_id_state_seq' if not include_interrupted else f'(ix_snapshots_run_id_state_seq|{primary_key})'
     )
-    _assert_uses_index(header, 'snapshots', index)
-    _assert_no_sort(header)
+    assert_uses_index(header, 'snapshots', index)
+    assert_no_sort(header)
     # Its history: the line's base (by primary key), then the newest row per position of the line, from the
     # line's rows in the messages index.
     assert any('messages' in plan for plan in messages), 'the snapshot was read without its messages'
     for plan in messages:
         for table in TABLES:
-            _assert_no_full_scan(plan, table)
+            assert_no_full_scan(plan, table)
         if 'messages' in plan:
             assert re.search(r'ix_messages_line_id_position_no|pk_messages|sqlite_autoindex_messages_1', plan), plan
 
 
 async def test_a_branch_is_read_one_indexed_query_per_line(engine: AsyncEngine, store: SqlStepStore) -> None:
-    plans = await _plans(engine, lambda: store.latest_snapshot(run_id='fork'))
+    plans = await query_plans(engine, lambda: store.latest_snapshot(run_id='fork'))
     segments = [plan for plan in plans if 'messages' in plan]
     assert len(segments) == 2, plans
     for plan in plans:
         for table in TABLES:
-            _assert_no_full_scan(plan, table)
+            assert_no_full_scan(plan, table)
 
 
 @pytest.mark.parametrize(
@@ -210,44 +148,44 @@ async def test_a_branch_is_read_one_indexed_query_per_line(engine: AsyncEngine, 
 async def test_the_newest_runs_are_read_from_an_index_in_order_up_to_the_limit(
     engine: AsyncEngine, store: SqlStepStore, filters: dict[str, str], index: str
 ) -> None:
-    [(statement, _)] = await _selects(engine, lambda: store.list_runs(**filters, limit=20, newest_first=True))
+    [(statement, _)] = await statements_sent_by(engine, lambda: store.list_runs(**filters, limit=20, newest_first=True))
     assert re.search(r'\bLIMIT\b', statement), statement
-    (plan,) = await _plans(engine, lambda: store.list_runs(**filters, limit=20, newest_first=True))
-    _assert_uses_index(plan, 'runs', index)
-    _assert_no_sort(plan)
+    (plan,) = await query_plans(engine, lambda: store.list_runs(**filters, limit=20, newest_first=True))
+    assert_uses_index(plan, 'runs', index)
+    assert_no_sort(plan)
 
 
 @pytest.mark.parametrize('newest_first', [True, False], ids=['newest first', 'oldest first'])
 async def test_list_conversations_reads_the_summaries_index_in_order(
     engine: AsyncEngine, store: SqlStepStore, newest_first: bool
 ) -> None:
-    (plan,) = await _plans(engine, lambda: store.list_conversations(limit=20, newest_first=newest_first))
-    _assert_uses_index(plan, 'conversations', 'ix_conversations_last_started_at_conversation_id')
-    _assert_no_sort(plan)
+    (plan,) = await query_plans(engine, lambda: store.list_conversations(limit=20, newest_first=newest_first))
+    assert_uses_index(plan, 'conversations', 'ix_conversations_last_started_at_conversation_id')
+    assert_no_sort(plan)
 
 
 async def test_list_conversations_of_an_agent_reads_its_runs_from_an_index(
     engine: AsyncEngine, store: SqlStepStore
 ) -> None:
-    (plan,) = await _plans(engine, lambda: store.list_conversations(limit=20, agent_name='agent-1'))
-    _assert_uses_index(plan, 'runs', 'ix_runs_agent_name_conversation_id_started_at_id')
+    (plan,) = await query_plans(engine, lambda: store.list_conversations(limit=20, agent_name='agent-1'))
+    assert_uses_index(plan, 'runs', 'ix_runs_agent_name_conversation_id_started_at_id')
 
 
 async def test_find_snapshot_reads_the_history_digest_index(engine: AsyncEngine, store: SqlStepStore) -> None:
     latest = await store.latest_snapshot(run_id='turn-2')
     assert latest is not None
     digest = latest.history_digest()
-    (plan,) = await _plans(engine, lambda: store.find_snapshot(conversation_id='chat', history_digest=digest))
-    _assert_uses_index(plan, 'snapshots', 'ix_snapshots_conversation_id_history_digest')
-    _assert_no_full_scan(plan, 'runs')
+    (plan,) = await query_plans(engine, lambda: store.find_snapshot(conversation_id='chat', history_digest=digest))
+    assert_uses_index(plan, 'snapshots', 'ix_snapshots_conversation_id_history_digest')
+    assert_no_full_scan(plan, 'runs')
 
 
 @pytest.mark.parametrize('run_id', ['turn-1', 'turn-3', 'fork', 'run-0'])
 async def test_deleting_a_run_reads_only_what_it_touches(engine: AsyncEngine, store: SqlStepStore, run_id: str) -> None:
     """Every statement of a delete (the run, its children, its conversation's summary, the rows of its lines)
     reads through an index: none scans a table."""
-    plans = await _plans(engine, lambda: store.delete_run(run_id=run_id), kinds=_PLANNED)
+    plans = await query_plans(engine, lambda: store.delete_run(run_id=run_id), kinds=_PLANNED)
     assert any('messages' in plan for plan in plans), plans
     for plan in plans:
         for table in TABLES:
-            _assert_no_full_scan(plan, table)
+            assert_no_full_scan(plan, table)

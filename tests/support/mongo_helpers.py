@@ -13,7 +13,7 @@ from step_persistence.stores.mongo import MongoStepStore
 from step_persistence.testing.conformance import sample_history
 from support.servers.mongo import Driver, MongoServer, Scratch
 
-__all__ = ['CommandLog', 'any_scratch', 'scratch', 'snapshot', 'store_in']
+__all__ = ['CommandLog', 'any_scratch', 'explain', 'scratch', 'snapshot', 'store_in', 'winning_stages']
 
 
 @pytest.fixture
@@ -77,3 +77,40 @@ class CommandLog(monitoring.CommandListener):
     def client(self, uri: str) -> AsyncMongoClient[Any]:
         """A pymongo client whose commands this log records (close it after use)."""
         return AsyncMongoClient(uri, event_listeners=[self])
+
+
+def winning_stages(explained: Any) -> list[tuple[str, str | None]]:
+    """`(stage, index name)` of every stage of every winning plan in an `explain` answer."""
+    found: list[tuple[str, str | None]] = []
+
+    def stages(node: Any) -> None:
+        if isinstance(node, dict):
+            if 'stage' in node:
+                found.append((node['stage'], node.get('indexName')))
+            for value in node.values():
+                stages(value)
+        elif isinstance(node, list):
+            for value in node:
+                stages(value)
+
+    def plans(node: Any) -> None:
+        if isinstance(node, dict):
+            for key, value in node.items():
+                if key == 'winningPlan':
+                    stages(value)
+                elif key != 'rejectedPlans':
+                    plans(value)
+        elif isinstance(node, list):
+            for value in node:
+                plans(value)
+
+    plans(explained)
+    return found
+
+
+async def explain(db: Any, command: dict[str, Any]) -> list[tuple[str, str | None]]:
+    """The winning plan's stages of a command the store sent (as it sent it, minus session fields)."""
+    sent = {
+        key: value for key, value in command.items() if not key.startswith('$') and key not in ('lsid', 'txnNumber')
+    }
+    return winning_stages(await db.command('explain', sent, verbosity='queryPlanner'))

@@ -168,14 +168,10 @@ class _Inspector:
         )
 
     async def conversations(self, request: Request) -> Response:
-        agent = request.query_params.get('agent') or None
         page = await queries.conversations_page(
-            self.store,
-            agent=agent,
-            start=_number(request, 'start', 0),
-            size=_number(request, 'size', queries.PAGE_SIZE),
+            self.store, start=_number(request, 'start', 0), size=_number(request, 'size', queries.PAGE_SIZE)
         )
-        return self.page(request, 'conversations.html', page=page, agent=agent)
+        return self.page(request, 'conversations.html', page=page)
 
     async def conversation(self, request: Request) -> Response:
         conversation_id = _text(request, 'id')

@@ -11,7 +11,7 @@ Every read is bounded by the page, never by the store's size:
 - **a run**: its record, events, ledger and retained snapshots (the newest one's messages for the
   timeline), its parent chain (at most `MAX_ANCESTORS`), and at most `MAX_LINKS` delegates and
   continuations, each with its status.
-- **conversations**: `list_conversations(limit=...)`; one conversation is shown as a tree when it
+- **conversations**: `list_conversations(limit=...)`, of every agent; one conversation is shown as a tree when it
   has at most `MAX_CONVERSATION_RUNS` runs (else its runs are listed page by page).
 
 The file store answers `list_runs` by reading every run's `run.json` (docs/file-store.md); the other
@@ -414,13 +414,14 @@ class ConversationsPage:
     size: int
 
 
-async def conversations_page(
-    store: StepStore, *, agent: str | None = None, start: int = 0, size: int = PAGE_SIZE
-) -> ConversationsPage:
-    """Conversations, the one with the newest run first, from position `start` (bounds as `runs_page`)."""
+async def conversations_page(store: StepStore, *, start: int = 0, size: int = PAGE_SIZE) -> ConversationsPage:
+    """Conversations, the one with the newest run first, from position `start` (bounds as `runs_page`).
+
+    No agent filter: `list_conversations(agent_name=...)` sums up every run of the agent, a read as
+    long as the agent's history (the run list filters by agent instead).
+    """
     _check_page(start, size)
-    require_text('agent', agent, optional=True)
-    found = await store.list_conversations(limit=start + size + 1, newest_first=True, agent_name=agent or None)
+    found = await store.list_conversations(limit=start + size + 1, newest_first=True)
     rows = found[start : start + size]
     return ConversationsPage(rows, start, start + size if len(found) > start + size else None, size)
 
