@@ -2,8 +2,9 @@
 
 `StepDurability` sets it around each of its runs; `StepPersistence` reads it so that a replayed run
 leaves one record, not two: the run registers with the workflow's first start time (so a replay's
-registration is the same registration), and a tool call the journal holds as completed writes no
-`started` ledger record over its terminal one.
+registration is the same registration), a tool call the journal holds as completed writes no
+`started` ledger record over its terminal one, and a call the engine hands back unrun
+(`InFlightCallRefused`) writes no terminal one over the evidence its interrupted run left.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ['DURABLE_RUN', 'DurableRun', 'durable_run_of']
+from pydantic_ai.exceptions import CallDeferred
+
+__all__ = ['DURABLE_RUN', 'DurableRun', 'InFlightCallRefused', 'durable_run_of']
 
 
 @dataclass(frozen=True)
@@ -34,3 +37,12 @@ def durable_run_of(run_id: str | None) -> DurableRun | None:
     """The durable run with pydantic-ai's `run_id`, if the current task is in one (not a delegate's parent's)."""
     durable = DURABLE_RUN.get()
     return durable if durable is not None and durable.run_id == run_id else None
+
+
+class InFlightCallRefused(CallDeferred):
+    """A tool call that was in flight when its run stopped, handed back unrun by its `ask` policy.
+
+    The run ends with `DeferredToolRequests` for it, as for any `CallDeferred`. Its ledger record
+    stays as the interrupted run left it (`started`: the effect is unknown, with the tool's
+    idempotency key and effect summary), which is what the orchestrator decides on.
+    """

@@ -43,7 +43,7 @@ from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence._lru import BoundedLru
 from step_persistence._reading import logger
-from step_persistence._replay import durable_run_of
+from step_persistence._replay import InFlightCallRefused, durable_run_of
 from step_persistence._stream_watch import StreamWatch
 from step_persistence._telemetry import RunSpans
 from step_persistence._urls import redact_url
@@ -882,6 +882,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         await self._flush(ctx)
         try:
             result = await handler(args)
+        except InFlightCallRefused as refused:
+            self._queue_refused(call_id, step=step, refused=refused)
+            await self._flush(ctx)
+            raise
         except BaseException as error:
             self._queue_settle(call_id, step=step, error=_described(ctx, error))
             await self._flush(ctx)
@@ -927,6 +931,17 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         outcome = 'completed' if error is None else 'failed'
         self._queue_event(kind, step_index=step, key=run.key('tool', step, call_id, outcome), tool=record, error=error)
         return True
+
+    def _queue_refused(self, call_id: str, *, step: int, refused: InFlightCallRefused) -> None:
+        """Queue the event ending a call the durable engine handed back unrun, and no ledger record: the
+        stored one (`started`, with the interrupted run's idempotency key and effect summary) stays the evidence."""
+        run = self._run
+        in_flight = run.active.in_flight.pop(call_id, None)
+        if in_flight is None or run.ended:
+            return
+        run.spans.tool_settled(in_flight)
+        key = run.key('tool', step, call_id, 'failed')
+        self._queue_event('tool_call_failed', step_index=step, key=key, tool=in_flight, error=refused)
 
     # --- specs ---
 

@@ -139,6 +139,13 @@ async def test_ask_ends_the_run_with_the_call_deferred_and_its_ledger_key(store:
     details = result.output.metadata['call-charge']['step_persistence']
     assert details['reason'] == 'in_flight'
     assert (details['idempotency_key'], details['effect_summary']) == ('charge-order-4', 'card charged')
+    # The refused call's ledger record stays the evidence it was: in flight (unknown), its key and summary kept.
+    effect = await store.get_tool_effect(run_id='order-4', tool_call_id='call-charge')
+    assert effect is not None
+    evidence = (effect.status, effect.idempotency_key, effect.effect_summary)
+    assert evidence == ('started', 'charge-order-4', 'card charged')
+    kinds = [event.kind for event in await store.list_events(run_id='order-4') if event.tool_call_id == 'call-charge']
+    assert kinds[-1] == 'tool_call_failed', 'the refused call still ends in the event log'
 
 
 async def test_a_model_request_in_flight_runs_again(store: StepStore) -> None:

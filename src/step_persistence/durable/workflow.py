@@ -8,10 +8,9 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic_ai.exceptions import CallDeferred
-
 from step_persistence._active import ACTIVE_RUN
 from step_persistence._cancellation import run_to_completion
+from step_persistence._replay import InFlightCallRefused
 from step_persistence.durable.errors import InFlightUnitError, ReplayDivergedError
 from step_persistence.durable.fingerprints import MessageDigests
 from step_persistence.durable.policies import METADATA_KEY, UnitPolicy
@@ -118,7 +117,7 @@ class ActiveWorkflow:
             if effect is not None:
                 details['idempotency_key'] = effect.idempotency_key
                 details['effect_summary'] = effect.effect_summary
-        raise CallDeferred(metadata={METADATA_KEY: details})
+        raise InFlightCallRefused(metadata={METADATA_KEY: details})
 
 
 ACTIVE_WORKFLOW: ContextVar[ActiveWorkflow | None] = ContextVar('step_persistence_active_workflow', default=None)
