@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-__all__ = ['CodeVersionMismatchError', 'DurableReplayError', 'InFlightUnitError', 'ReplayDivergedError']
+__all__ = [
+    'CodeVersionMismatchError',
+    'DurableReplayError',
+    'InFlightUnitError',
+    'LeaseLostError',
+    'ReplayDivergedError',
+    'WorkflowHeldError',
+]
 
 _FALLBACK = (
     'to go on from what the run stored, start a new run from its latest snapshot instead: '
@@ -55,3 +62,30 @@ class CodeVersionMismatchError(DurableReplayError):
             f'StepDurability(..., allow_code_version_change=True) to replay it anyway, or: {_FALLBACK}',
             workflow_id=workflow_id,
         )
+
+
+class LeaseLostError(DurableReplayError):
+    """A write of a run that no longer holds its workflow's lease (another process claimed it) was refused."""
+
+    def __init__(self, *, workflow_id: str, owner: str, epoch: int) -> None:
+        super().__init__(
+            f'durable workflow {workflow_id!r}: this run (owner {owner!r}, fencing epoch {epoch}) no longer holds '
+            'its lease, which another process claimed after it expired; this run stops here and writes nothing '
+            'more to the journal (the other process resumes the workflow)',
+            workflow_id=workflow_id,
+        )
+        self.owner = owner
+        self.epoch = epoch
+
+
+class WorkflowHeldError(DurableReplayError):
+    """The workflow is being run by another process, whose lease has not expired."""
+
+    def __init__(self, *, workflow_id: str, owner: str | None, lease_expires_at: object) -> None:
+        super().__init__(
+            f'durable workflow {workflow_id!r} is being run by {owner!r}, whose lease expires at '
+            f'{lease_expires_at}; a run of it starts only once that lease is released or expired '
+            '(step_persistence.durable.recover_abandoned resumes it then)',
+            workflow_id=workflow_id,
+        )
+        self.owner = owner

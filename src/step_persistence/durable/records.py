@@ -6,6 +6,7 @@ and write these records without it.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,10 +18,13 @@ __all__ = [
     'UNIT_STATUSES',
     'WORKFLOW_STATUSES',
     'DurableUnit',
+    'Fence',
     'UnitKind',
     'UnitStatus',
     'WorkflowRecord',
     'WorkflowStatus',
+    'holds_lease',
+    'lease_is_free',
     'next_unit_state',
 ]
 
@@ -45,8 +49,8 @@ class _JournalRecord(BaseModel):
 class WorkflowRecord(_JournalRecord):
     """One durable workflow: an agent run that a later run with the same id resumes.
 
-    The lease columns (`owner`, `lease_expires_at`, `fencing_epoch`) are stored now and used by the
-    recovery of abandoned runs (docs/durable.md, "What is not done yet").
+    A process runs it only while it holds its lease (`owner`, until `lease_expires_at`); each claim of
+    the lease increments `fencing_epoch`, and every journal write of the run is fenced by it (`Fence`).
     """
 
     workflow_id: str
@@ -61,10 +65,20 @@ class WorkflowRecord(_JournalRecord):
     attempts: int = 1
     """How many runs of the workflow started (1 for the first)."""
     owner: str | None = None
+    """The process holding the lease (a token unique to each claim); `None` when nobody does."""
     lease_expires_at: UtcDatetime | None = None
+    """Until when `owner` holds it; once past, another process may claim the workflow."""
     fencing_epoch: int = 0
+    """How many times the lease was claimed (0: never); a stale owner's writes carry an older epoch."""
     created_at: UtcDatetime = Field(default_factory=utc_now)
     updated_at: UtcDatetime = Field(default_factory=utc_now)
+
+
+class Fence(_JournalRecord):
+    """Who writes to a workflow's journal: a fenced write lands only while `owner` holds the lease at `epoch`."""
+
+    owner: str
+    epoch: int
 
 
 class DurableUnit(_JournalRecord):
@@ -106,3 +120,16 @@ def next_unit_state(stored: DurableUnit | None, new: DurableUnit) -> DurableUnit
     if new.status == 'started':
         return new.model_copy(update={'attempts': stored.attempts + 1})
     return new.model_copy(update={'attempts': stored.attempts, 'started_at': stored.started_at})
+
+
+def lease_is_free(record: WorkflowRecord, now: datetime) -> bool:
+    """Whether a claim of `record`'s lease at `now` succeeds: nobody holds it, or its expiry is past.
+
+    The memory and file journals apply this rule, the SQL and MongoDB ones in their claim's filter.
+    """
+    return record.owner is None or record.lease_expires_at is None or record.lease_expires_at <= now
+
+
+def holds_lease(record: WorkflowRecord, fence: Fence) -> bool:
+    """Whether `fence` holds `record`'s lease (a fenced write of it lands)."""
+    return record.owner == fence.owner and record.fencing_epoch == fence.epoch

@@ -4,13 +4,22 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from step_persistence import lifecycle
 from step_persistence._arguments import require_text
 from step_persistence._closing import ClosesOnExit
 from step_persistence._history import EncodedMessage, decode_messages, history_digest
-from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus, next_unit_state
+from step_persistence.durable.errors import LeaseLostError
+from step_persistence.durable.records import (
+    DurableUnit,
+    Fence,
+    WorkflowRecord,
+    WorkflowStatus,
+    holds_lease,
+    lease_is_free,
+    next_unit_state,
+)
 from step_persistence.reclaiming import MediaCollection, validate_grace
 from step_persistence.records import (
     ContinuableSnapshot,
@@ -269,17 +278,56 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         require_text('workflow_id', workflow_id)
         return self._workflows.get(workflow_id)
 
-    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus) -> None:
+    async def claim_workflow(
+        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+    ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
+        stored = self._workflows.get(workflow_id)
+        if stored is None or not lease_is_free(stored, now) or (running_only and stored.status != 'running'):
+            return stored
+        claimed = stored.model_copy(
+            update={
+                'owner': owner,
+                'lease_expires_at': lease_expires_at,
+                'fencing_epoch': stored.fencing_epoch + 1,
+                'updated_at': now,
+            }
+        )
+        self._workflows[workflow_id] = claimed
+        return claimed
+
+    async def renew_lease(self, *, workflow_id: str, fence: Fence, lease_expires_at: datetime) -> bool:
+        require_text('workflow_id', workflow_id)
+        stored = self._workflows.get(workflow_id)
+        if stored is None or not holds_lease(stored, fence):
+            return False
+        self._workflows[workflow_id] = stored.model_copy(update={'lease_expires_at': lease_expires_at})
+        return True
+
+    async def list_abandoned(self, *, now: datetime) -> list[WorkflowRecord]:
+        abandoned = [
+            record for record in self._workflows.values() if record.status == 'running' and lease_is_free(record, now)
+        ]
+        return sorted(abandoned, key=lambda record: (record.updated_at, record.workflow_id))
+
+    def _fenced(self, workflow_id: str, fence: Fence | None) -> WorkflowRecord:
         stored = self._workflows.get(workflow_id)
         if stored is None:
             raise LookupError(f'no durable workflow {workflow_id!r} is stored')
-        self._workflows[workflow_id] = stored.model_copy(update={'status': status})
+        if fence is not None and not holds_lease(stored, fence):
+            raise LeaseLostError(workflow_id=workflow_id, owner=fence.owner, epoch=fence.epoch)
+        return stored
 
-    async def record_unit(self, unit: DurableUnit) -> None:
-        units = self._units.get(unit.workflow_id)
-        if units is None:
-            raise LookupError(f'no durable workflow {unit.workflow_id!r} is stored')
+    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus, fence: Fence | None = None) -> None:
+        require_text('workflow_id', workflow_id)
+        stored = self._fenced(workflow_id, fence)
+        self._workflows[workflow_id] = stored.model_copy(
+            update={'status': status, 'owner': None, 'lease_expires_at': None}
+        )
+
+    async def record_unit(self, unit: DurableUnit, *, fence: Fence | None = None) -> None:
+        self._fenced(unit.workflow_id, fence)
+        units = self._units[unit.workflow_id]
         written = next_unit_state(units.get(unit.unit_key), unit)
         if written is not None:
             units[unit.unit_key] = written

@@ -8,9 +8,14 @@
 
 Both files are append-only and read by folding their lines: the first `start` line is the
 workflow's record and each later one counts an attempt (a caller finds its own start by a token,
-so concurrent starts, in threads or processes, each get their own count); the units fold by
-`next_unit_state`, so a `completed` unit stays as it was whatever is appended after it. An append is
-one `write` of a whole line followed by `fsync`; a torn last line (a crash mid-append) is ignored.
+so concurrent starts, in threads or processes, each get their own count); `claim`, `renew` and `end`
+lines move its lease; the units fold by `next_unit_state`, so a `completed` unit stays as it was
+whatever is appended after it. An append is one `write` of a whole line followed by `fsync`; a torn
+last line (a crash mid-append) is ignored.
+
+The lease is compared and set under `workflow.jsonl`'s `flock`: a claim, a renewal and an end hold it
+exclusively while they fold the file and append, a fenced unit write holds it shared while it checks
+the lease and appends its unit, so no claim lands between a fenced write's check and its line.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import json
 import os
 import secrets
 import shutil
+from contextlib import AbstractContextManager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +33,19 @@ import anyio.to_thread
 
 from step_persistence._arguments import require_text
 from step_persistence._reading import logger
-from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus, next_unit_state
+from step_persistence.durable.errors import LeaseLostError
+from step_persistence.durable.records import (
+    DurableUnit,
+    Fence,
+    WorkflowRecord,
+    WorkflowStatus,
+    holds_lease,
+    lease_is_free,
+    next_unit_state,
+)
 from step_persistence.records import utc_now
 from step_persistence.stores.file._layout import text_key
+from step_persistence.stores.file._locking import locked_file
 from step_persistence.stores.file.store import FileStepStore
 
 __all__ = ['DURABLE_DIRECTORY_NAME', 'FileJournal']
@@ -71,6 +88,9 @@ def _lines(path: Path) -> list[dict[str, Any]]:
     return found
 
 
+_RELEASED: dict[str, Any] = {'owner': None, 'lease_expires_at': None}
+
+
 def _fold_workflow(lines: list[dict[str, Any]], *, token: str | None = None) -> WorkflowRecord | None:
     """The workflow as its lines leave it (with `token`: as the start bearing it left it)."""
     state: WorkflowRecord | None = None
@@ -88,7 +108,20 @@ def _fold_workflow(lines: list[dict[str, Any]], *, token: str | None = None) -> 
                     mine = state
             elif line.get('op') == 'end' and state is not None:
                 state = WorkflowRecord.model_validate(
-                    {**state.model_dump(), 'status': line['status'], 'updated_at': line['at']}
+                    {**state.model_dump(), 'status': line['status'], 'updated_at': line['at'], **_RELEASED}
+                )
+            elif line.get('op') == 'claim' and state is not None:
+                claimed = {'owner': line['owner'], 'lease_expires_at': line['lease_expires_at']}
+                state = WorkflowRecord.model_validate(
+                    {**state.model_dump(), **claimed, 'fencing_epoch': line['epoch'], 'updated_at': line['at']}
+                )
+            elif (
+                line.get('op') == 'renew'
+                and state is not None
+                and holds_lease(state, Fence(owner=line['owner'], epoch=line['epoch']))
+            ):
+                state = WorkflowRecord.model_validate(
+                    {**state.model_dump(), 'lease_expires_at': line['lease_expires_at']}
                 )
         except (KeyError, ValueError) as error:
             logger.warning('skipping a damaged line of a durable workflow: %r', error)
@@ -126,27 +159,102 @@ class FileJournal:
         path = self._directory(workflow_id) / 'workflow.jsonl'
         return await anyio.to_thread.run_sync(lambda: _fold_workflow(_lines(path)))
 
-    def _require_workflow(self, workflow_id: str) -> Path:
-        directory = self._directory(workflow_id)
-        if _fold_workflow(_lines(directory / 'workflow.jsonl')) is None:
-            raise LookupError(f'no durable workflow {workflow_id!r} is stored')
-        return directory
+    @staticmethod
+    def _locked(path: Path, workflow_id: str, *, exclusive: bool) -> AbstractContextManager[int]:
+        """Hold `workflow.jsonl`'s lock (`LookupError` if the workflow is not stored)."""
 
-    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus) -> None:
+        def missing() -> LookupError:
+            return LookupError(f'no durable workflow {workflow_id!r} is stored')
+
+        return locked_file(path, exclusive=exclusive, missing=missing)
+
+    def _stored(self, workflow_id: str, fence: Fence | None) -> WorkflowRecord:
+        """The workflow as stored, `fence` checked (called holding its lock)."""
+        stored = _fold_workflow(_lines(self._directory(workflow_id) / 'workflow.jsonl'))
+        if stored is None:
+            raise LookupError(f'no durable workflow {workflow_id!r} is stored')
+        if fence is not None and not holds_lease(stored, fence):
+            raise LeaseLostError(workflow_id=workflow_id, owner=fence.owner, epoch=fence.epoch)
+        return stored
+
+    async def claim_workflow(
+        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+    ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
+        require_text('owner', owner)
+        path = self._directory(workflow_id) / 'workflow.jsonl'
+
+        def claim() -> WorkflowRecord | None:
+            try:
+                with self._locked(path, workflow_id, exclusive=True):
+                    stored = self._stored(workflow_id, None)
+                    if not lease_is_free(stored, now) or (running_only and stored.status != 'running'):
+                        return stored
+                    line = {
+                        'op': 'claim',
+                        'owner': owner,
+                        'lease_expires_at': lease_expires_at.isoformat(),
+                        'epoch': stored.fencing_epoch + 1,
+                        'at': now.isoformat(),
+                    }
+                    _append(path, line)
+                    return _fold_workflow(_lines(path))
+            except LookupError:
+                return None
+
+        return await anyio.to_thread.run_sync(claim)
+
+    async def renew_lease(self, *, workflow_id: str, fence: Fence, lease_expires_at: datetime) -> bool:
+        require_text('workflow_id', workflow_id)
+        path = self._directory(workflow_id) / 'workflow.jsonl'
+
+        def renew() -> bool:
+            try:
+                with self._locked(path, workflow_id, exclusive=True):
+                    self._stored(workflow_id, fence)
+                    line = {'op': 'renew', **fence.model_dump(), 'lease_expires_at': lease_expires_at.isoformat()}
+                    _append(path, line)
+                    return True
+            except (LookupError, LeaseLostError):
+                return False
+
+        return await anyio.to_thread.run_sync(renew)
+
+    async def list_abandoned(self, *, now: datetime) -> list[WorkflowRecord]:
+        def scan() -> list[WorkflowRecord]:
+            try:
+                directories = sorted(self._root.iterdir())
+            except FileNotFoundError:
+                return []
+            found = (_fold_workflow(_lines(directory / 'workflow.jsonl')) for directory in directories)
+            abandoned = [
+                record
+                for record in found
+                if record is not None and record.status == 'running' and lease_is_free(record, now)
+            ]
+            return sorted(abandoned, key=lambda record: (record.updated_at, record.workflow_id))
+
+        return await anyio.to_thread.run_sync(scan)
+
+    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus, fence: Fence | None = None) -> None:
+        require_text('workflow_id', workflow_id)
+        path = self._directory(workflow_id) / 'workflow.jsonl'
 
         def end() -> None:
-            directory = self._require_workflow(workflow_id)
-            _append(directory / 'workflow.jsonl', {'op': 'end', 'status': status, 'at': utc_now().isoformat()})
+            with self._locked(path, workflow_id, exclusive=True):
+                self._stored(workflow_id, fence)
+                _append(path, {'op': 'end', 'status': status, 'at': utc_now().isoformat()})
 
         await anyio.to_thread.run_sync(end)
 
-    async def record_unit(self, unit: DurableUnit) -> None:
+    async def record_unit(self, unit: DurableUnit, *, fence: Fence | None = None) -> None:
         require_text('workflow_id', unit.workflow_id)
+        directory = self._directory(unit.workflow_id)
 
         def record() -> None:
-            directory = self._require_workflow(unit.workflow_id)
-            _append(directory / 'units.jsonl', unit.model_dump(mode='json'))
+            with self._locked(directory / 'workflow.jsonl', unit.workflow_id, exclusive=False):
+                self._stored(unit.workflow_id, fence)
+                _append(directory / 'units.jsonl', unit.model_dump(mode='json'))
 
         await anyio.to_thread.run_sync(record)
 

@@ -7,6 +7,12 @@ attempt); a unit's `_id` is its workflow id and key, and a write matches it only
 instead, and is ignored). Results and inputs are stored as JSON text: their keys are the
 application's, which BSON field names could not all be.
 Timestamps are a BSON date plus `<name>_us`, as in the step store's documents.
+
+A claim and a renewal are one `findAndModify`/`update` filtered on the lease, so they are atomic. A
+fenced write checks the lease and then writes (two commands, no transaction): a claim landing
+between them lets one write of the stale owner through. The engine narrows that window to nothing
+in practice: it never starts a unit on a lease that expired by its own clock, and a claim comes
+only after the expiry (see docs/durable.md for the exact guarantee).
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Mapping
+from datetime import datetime
 from typing import Any
 
 from pymongo import ReturnDocument
@@ -21,7 +28,8 @@ from pymongo.errors import DuplicateKeyError
 
 from step_persistence._arguments import require_text
 from step_persistence._reading import read_each, read_or_skip
-from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus
+from step_persistence.durable.errors import LeaseLostError
+from step_persistence.durable.records import DurableUnit, Fence, WorkflowRecord, WorkflowStatus
 from step_persistence.records import utc_now
 from step_persistence.stores.mongo._client import Database
 from step_persistence.stores.mongo._documents import _time, with_time
@@ -36,6 +44,20 @@ UNIT_ORDER = [('workflow_id', 1), ('started_at', 1), ('started_at_us', 1), ('uni
 
 def _unit_id(workflow_id: str, unit_key: str) -> str:
     return f'{len(workflow_id)}:{workflow_id}:{unit_key}'
+
+
+def _lease_is_free(now: datetime) -> dict[str, Any]:
+    """`lease_is_free` as a filter (the expiry compared exactly: its BSON date, then its micros)."""
+    at = with_time({}, 'at', now)
+    expired = [
+        {'lease_expires_at': {'$lt': at['at']}},
+        {'lease_expires_at': at['at'], 'lease_expires_at_us': {'$lte': at['at_us']}},
+    ]
+    return {'$or': [{'owner': None}, {'lease_expires_at': None}, *expired]}
+
+
+def _holds_lease(fence: Fence) -> dict[str, Any]:
+    return {'owner': fence.owner, 'fencing_epoch': fence.epoch}
 
 
 def _workflow_from_document(document: Mapping[str, Any]) -> WorkflowRecord:
@@ -124,19 +146,59 @@ class MongoJournal:
             return None
         return read_or_skip(f'durable workflow {workflow_id!r}', lambda: _workflow_from_document(found))
 
-    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus) -> None:
+    async def claim_workflow(
+        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+    ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
-        update = {'$set': with_time({'status': status}, 'updated_at', utc_now())}
-        ended = await self._db()[WORKFLOWS].update_one({'_id': workflow_id}, update)
-        if ended.matched_count == 0:
-            raise LookupError(f'no durable workflow {workflow_id!r} is stored')
+        require_text('owner', owner)
+        workflows = self._db()[WORKFLOWS]
+        condition: dict[str, Any] = {'_id': workflow_id, **_lease_is_free(now)}
+        if running_only:
+            condition['status'] = 'running'
+        claim = {
+            '$set': with_time(with_time({'owner': owner}, 'lease_expires_at', lease_expires_at), 'updated_at', now),
+            '$inc': {'fencing_epoch': 1},
+        }
+        claimed = await workflows.find_one_and_update(condition, claim, return_document=ReturnDocument.AFTER)
+        stored = claimed if claimed is not None else await workflows.find_one({'_id': workflow_id})
+        return None if stored is None else _workflow_from_document(stored)
 
-    async def record_unit(self, unit: DurableUnit) -> None:
+    async def renew_lease(self, *, workflow_id: str, fence: Fence, lease_expires_at: datetime) -> bool:
+        require_text('workflow_id', workflow_id)
+        renewed = await self._db()[WORKFLOWS].update_one(
+            {'_id': workflow_id, **_holds_lease(fence)}, {'$set': with_time({}, 'lease_expires_at', lease_expires_at)}
+        )
+        return renewed.matched_count == 1
+
+    async def list_abandoned(self, *, now: datetime) -> list[WorkflowRecord]:
+        found = [
+            document
+            async for document in self._db()[WORKFLOWS]
+            .find({'status': 'running', **_lease_is_free(now)})
+            .sort([('updated_at', 1), ('updated_at_us', 1), ('_id', 1)])
+        ]
+        return read_each(found, lambda document: f'durable workflow {document.get("_id")!r}', _workflow_from_document)
+
+    async def _check_fence(self, workflow_id: str, fence: Fence | None) -> None:
+        stored = await self._db()[WORKFLOWS].find_one({'_id': workflow_id}, {'owner': 1, 'fencing_epoch': 1})
+        if stored is None:
+            raise LookupError(f'no durable workflow {workflow_id!r} is stored')
+        if fence is not None and (stored.get('owner'), stored.get('fencing_epoch')) != (fence.owner, fence.epoch):
+            raise LeaseLostError(workflow_id=workflow_id, owner=fence.owner, epoch=fence.epoch)
+
+    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus, fence: Fence | None = None) -> None:
+        require_text('workflow_id', workflow_id)
+        ended = with_time({'status': status, 'owner': None}, 'lease_expires_at', None)
+        with_time(ended, 'updated_at', utc_now())
+        condition = {'_id': workflow_id, **({} if fence is None else _holds_lease(fence))}
+        if (await self._db()[WORKFLOWS].update_one(condition, {'$set': ended})).matched_count == 0:
+            await self._check_fence(workflow_id, fence)  # says why: not stored, or the lease was lost
+
+    async def record_unit(self, unit: DurableUnit, *, fence: Fence | None = None) -> None:
         require_text('workflow_id', unit.workflow_id)
         require_text('unit_key', unit.unit_key)
         db = self._db()
-        if await db[WORKFLOWS].find_one({'_id': unit.workflow_id}, {'_id': 1}) is None:
-            raise LookupError(f'no durable workflow {unit.workflow_id!r} is stored')
+        await self._check_fence(unit.workflow_id, fence)
         fields: dict[str, Any] = {
             'name': unit.name,
             'kind': unit.kind,

@@ -7,14 +7,16 @@ and runs each operation as the store does: one synchronous function in one trans
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import datetime
 from functools import partial
 from typing import Any
 
-from sqlalchemy import case, delete, select, update
+from sqlalchemy import ColumnElement, case, delete, or_, select, update
 
 from step_persistence._arguments import require_text
 from step_persistence._reading import read_each, read_or_skip
-from step_persistence.durable.records import DurableUnit, WorkflowRecord, WorkflowStatus
+from step_persistence.durable.errors import LeaseLostError
+from step_persistence.durable.records import DurableUnit, Fence, WorkflowRecord, WorkflowStatus
 from step_persistence.records import utc_now
 from step_persistence.stores.sql import rows
 from step_persistence.stores.sql.dialects import dialect_insert
@@ -27,6 +29,17 @@ __all__ = ['SqlJournal']
 _WORKFLOW_COLUMNS = tuple(rows.readable(column) for column in durable_workflows.c)
 _UNIT_COLUMNS = tuple(rows.readable(column) for column in durable_units.c)
 """Read so that a value its type cannot decode makes only its row unreadable (skipped and logged)."""
+
+
+def _lease_is_free(now: datetime) -> ColumnElement[bool]:
+    """`lease_is_free` as SQL."""
+    workflow = durable_workflows.c
+    return or_(workflow.owner.is_(None), workflow.lease_expires_at.is_(None), workflow.lease_expires_at <= now)
+
+
+def _holds_lease(fence: Fence) -> ColumnElement[bool]:
+    """`holds_lease` as SQL."""
+    return (durable_workflows.c.owner == fence.owner) & (durable_workflows.c.fencing_epoch == fence.epoch)
 
 
 def _workflow_values(record: WorkflowRecord) -> dict[str, Any]:
@@ -116,34 +129,94 @@ class SqlJournal:
             return None
         return read_or_skip(f'durable workflow {workflow_id!r}', partial(_workflow_from_row, found[0]._mapping))
 
-    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus) -> None:
+    async def claim_workflow(
+        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+    ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
-
-        def end(transaction: Transaction) -> int:
-            statement = (
-                update(durable_workflows)
-                .where(durable_workflows.c.workflow_id == workflow_id)
-                .values(status=status, updated_at=utc_now())
+        require_text('owner', owner)
+        condition = _lease_is_free(now)
+        if running_only:
+            condition = condition & (durable_workflows.c.status == 'running')
+        # One UPDATE: PostgreSQL evaluates its WHERE again on the row it locked, so two claims never both match.
+        claim = (
+            update(durable_workflows)
+            .where(durable_workflows.c.workflow_id == workflow_id, condition)
+            .values(
+                owner=owner,
+                lease_expires_at=lease_expires_at,
+                fencing_epoch=durable_workflows.c.fencing_epoch + 1,
+                updated_at=now,
             )
-            return int(transaction.execute(statement).rowcount)
+        )
+        read = select(*_WORKFLOW_COLUMNS).where(durable_workflows.c.workflow_id == workflow_id)
 
-        if await self._write(end) == 0:
+        def attempt(transaction: Transaction) -> Any:
+            transaction.execute(claim)
+            return transaction.execute(read).first()
+
+        if await self._store._holds_nothing():
+            return None
+        row = await self._write(attempt)
+        return None if row is None else _workflow_from_row(row._mapping)
+
+    async def renew_lease(self, *, workflow_id: str, fence: Fence, lease_expires_at: datetime) -> bool:
+        require_text('workflow_id', workflow_id)
+        renew = (
+            update(durable_workflows)
+            .where(durable_workflows.c.workflow_id == workflow_id, _holds_lease(fence))
+            .values(lease_expires_at=lease_expires_at)
+        )
+        return bool(await self._write(lambda transaction: transaction.execute(renew).rowcount))
+
+    async def list_abandoned(self, *, now: datetime) -> list[WorkflowRecord]:
+        found = await self._store._read(
+            select(*_WORKFLOW_COLUMNS)
+            .where(durable_workflows.c.status == 'running', _lease_is_free(now))
+            .order_by(durable_workflows.c.updated_at, durable_workflows.c.workflow_id)
+        )
+        return read_each(
+            found, lambda row: f'durable workflow {row.workflow_id!r}', lambda row: _workflow_from_row(row._mapping)
+        )
+
+    @staticmethod
+    def _check_fence(transaction: Transaction, workflow_id: str, fence: Fence | None) -> None:
+        """`LookupError` if the workflow is not stored, `LeaseLostError` if `fence` does not hold its lease.
+
+        The row is locked (`FOR SHARE` on PostgreSQL; SQLite's writer holds the database) until the
+        transaction ends, so no claim lands between this check and the write it guards.
+        """
+        found = transaction.execute(
+            select(durable_workflows.c.owner, durable_workflows.c.fencing_epoch)
+            .where(durable_workflows.c.workflow_id == workflow_id)
+            .with_for_update(read=True)
+        ).first()
+        if found is None:
             raise LookupError(f'no durable workflow {workflow_id!r} is stored')
+        if fence is not None and (found.owner, found.fencing_epoch) != (fence.owner, fence.epoch):
+            raise LeaseLostError(workflow_id=workflow_id, owner=fence.owner, epoch=fence.epoch)
 
-    async def record_unit(self, unit: DurableUnit) -> None:
+    async def end_workflow(self, *, workflow_id: str, status: WorkflowStatus, fence: Fence | None = None) -> None:
+        require_text('workflow_id', workflow_id)
+        statement = (
+            update(durable_workflows)
+            .where(durable_workflows.c.workflow_id == workflow_id)
+            .values(status=status, owner=None, lease_expires_at=None, updated_at=utc_now())
+        )
+
+        def end(transaction: Transaction) -> None:
+            self._check_fence(transaction, workflow_id, fence)
+            transaction.execute(statement)
+
+        await self._write(end)
+
+    async def record_unit(self, unit: DurableUnit, *, fence: Fence | None = None) -> None:
         values = _unit_values(unit)
 
-        def record(transaction: Transaction) -> bool:
-            exists = transaction.execute(
-                select(durable_workflows.c.workflow_id).where(durable_workflows.c.workflow_id == unit.workflow_id)
-            ).first()
-            if exists is None:
-                return False
+        def record(transaction: Transaction) -> None:
+            self._check_fence(transaction, unit.workflow_id, fence)
             transaction.execute(self._upsert_unit, values)
-            return True
 
-        if not await self._write(record):
-            raise LookupError(f'no durable workflow {unit.workflow_id!r} is stored')
+        await self._write(record)
 
     async def list_units(self, *, workflow_id: str) -> list[DurableUnit]:
         require_text('workflow_id', workflow_id)

@@ -1,4 +1,4 @@
-"""The durable journal (`JournalStore`): workflows, units, the finality of a completed unit.
+"""The durable journal (`JournalStore`): workflows, units, the finality of a completed unit, leases and fencing.
 
 Not part of `StepStoreConformance`: a store that holds a journal (see
 `step_persistence.durable.journals.journal_for`) runs this mixin as well, with the same
@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 
+from step_persistence.durable.errors import LeaseLostError
 from step_persistence.durable.journals import journal_for
 from step_persistence.durable.protocol import JournalStore
-from step_persistence.durable.records import DurableUnit, WorkflowRecord
+from step_persistence.durable.records import DurableUnit, Fence, WorkflowRecord
 from step_persistence.testing.conformance.shared import T0, ConformanceBase, StoreFactory
 
 __all__ = ['JournalConformance']
@@ -49,6 +50,19 @@ def _unit(key: str, status: str = 'started', *, workflow_id: str = 'wf', offset:
         **fields,
     }
     return DurableUnit.model_validate(values)
+
+
+LEASE = timedelta(seconds=30)
+
+
+async def _claim(
+    journal: JournalStore, owner: str, *, at: timedelta = timedelta(0), workflow_id: str = 'wf', **options: Any
+) -> WorkflowRecord | None:
+    """Claim `workflow_id` for `owner` at `T0 + at`, for `LEASE`."""
+    now = T0 + at
+    return await journal.claim_workflow(
+        workflow_id=workflow_id, owner=owner, lease_expires_at=now + LEASE, now=now, **options
+    )
 
 
 class JournalConformance(ConformanceBase):
@@ -155,3 +169,105 @@ class JournalConformance(ConformanceBase):
         assert [unit.workflow_id for unit in await journal.list_units(workflow_id='kept')] == ['kept']
         await journal.start_workflow(_workflow())
         assert await journal.list_units(workflow_id='wf') == []
+
+    async def test_a_claim_takes_a_free_lease_and_bumps_the_epoch(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        claimed = await _claim(journal, 'process-a ✓')
+        assert claimed is not None
+        assert (claimed.owner, claimed.lease_expires_at, claimed.fencing_epoch) == ('process-a ✓', T0 + LEASE, 1)
+        assert (claimed.attempts, claimed.status, claimed.inputs) == (1, 'running', _workflow().inputs)
+        assert await journal.get_workflow(workflow_id='wf') == claimed
+        assert await _claim(journal, 'a', workflow_id='missing') is None
+
+    async def test_a_held_lease_is_refused_until_it_expires(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await _claim(journal, 'a')
+        refused = await _claim(journal, 'b', at=LEASE - timedelta(microseconds=1))
+        assert refused is not None and (refused.owner, refused.fencing_epoch) == ('a', 1)
+        taken = await _claim(journal, 'b', at=LEASE)
+        assert taken is not None and (taken.owner, taken.fencing_epoch) == ('b', 2)
+        assert taken.lease_expires_at == T0 + 2 * LEASE
+
+    async def test_one_of_concurrent_claims_wins(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        results = await asyncio.gather(*(_claim(journal, f'owner-{n}') for n in range(5)))
+        winners = {record.owner for record in results if record is not None}
+        assert len(winners) == 1
+        stored = await journal.get_workflow(workflow_id='wf')
+        assert stored is not None and stored.owner in winners and stored.fencing_epoch == 1
+
+    async def test_a_running_only_claim_refuses_an_ended_workflow(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await journal.end_workflow(workflow_id='wf', status='completed')
+        refused = await _claim(journal, 'a', running_only=True)
+        assert refused is not None and (refused.owner, refused.fencing_epoch) == (None, 0)
+        claimed = await _claim(journal, 'a')
+        assert claimed is not None and claimed.owner == 'a'
+
+    async def test_only_the_holder_renews_its_lease(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await _claim(journal, 'a')
+        later = T0 + 2 * LEASE
+        assert not await journal.renew_lease(workflow_id='wf', fence=Fence(owner='b', epoch=1), lease_expires_at=later)
+        assert not await journal.renew_lease(workflow_id='wf', fence=Fence(owner='a', epoch=0), lease_expires_at=later)
+        assert not await journal.renew_lease(
+            workflow_id='missing', fence=Fence(owner='a', epoch=1), lease_expires_at=later
+        )
+        stored = await journal.get_workflow(workflow_id='wf')
+        assert stored is not None and stored.lease_expires_at == T0 + LEASE
+        assert await journal.renew_lease(workflow_id='wf', fence=Fence(owner='a', epoch=1), lease_expires_at=later)
+        stored = await journal.get_workflow(workflow_id='wf')
+        assert stored is not None and (stored.owner, stored.lease_expires_at, stored.fencing_epoch) == ('a', later, 1)
+        refused = await _claim(journal, 'b', at=LEASE)
+        assert refused is not None and refused.owner == 'a'
+
+    async def test_a_stale_owners_writes_are_refused(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await _claim(journal, 'a')
+        stale = Fence(owner='a', epoch=1)
+        await journal.record_unit(_unit('u1'), fence=stale)
+        await _claim(journal, 'b', at=LEASE)
+        with pytest.raises(LeaseLostError, match="'a'"):
+            await journal.record_unit(_unit('u1', 'completed', result=RESULT, ended_at=T0), fence=stale)
+        with pytest.raises(LeaseLostError):
+            await journal.record_unit(_unit('u2'), fence=stale)
+        with pytest.raises(LeaseLostError):
+            await journal.end_workflow(workflow_id='wf', status='completed', fence=stale)
+        assert not await journal.renew_lease(workflow_id='wf', fence=stale, lease_expires_at=T0 + 3 * LEASE)
+        assert await journal.list_units(workflow_id='wf') == [_unit('u1')]
+        stored = await journal.get_workflow(workflow_id='wf')
+        assert stored is not None and (stored.status, stored.owner, stored.fencing_epoch) == ('running', 'b', 2)
+        holder = Fence(owner='b', epoch=2)
+        await journal.record_unit(_unit('u1', 'completed', result=RESULT, ended_at=T0), fence=holder)
+        [completed] = await journal.list_units(workflow_id='wf')
+        assert completed.status == 'completed'
+        with pytest.raises(LookupError):
+            await journal.record_unit(_unit('u1', workflow_id='missing'), fence=holder)
+
+    async def test_ending_a_workflow_releases_its_lease(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await _claim(journal, 'a')
+        await journal.end_workflow(workflow_id='wf', status='failed', fence=Fence(owner='a', epoch=1))
+        stored = await journal.get_workflow(workflow_id='wf')
+        assert stored is not None and (stored.status, stored.owner, stored.lease_expires_at) == ('failed', None, None)
+        again = await _claim(journal, 'b')  # free at once, before the old expiry
+        assert again is not None and (again.owner, again.fencing_epoch) == ('b', 2)
+
+    async def test_a_later_start_keeps_the_lease(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        claimed = await _claim(journal, 'a')
+        again = await journal.start_workflow(_workflow(owner='b', fencing_epoch=7))
+        assert claimed is not None and again.attempts == 2
+        assert (again.owner, again.lease_expires_at, again.fencing_epoch) == ('a', T0 + LEASE, 1)
+
+    async def test_abandoned_workflows_are_running_ones_with_a_free_lease(self, journal: JournalStore) -> None:
+        for workflow_id, minutes in [('held', 0), ('expired', 1), ('never-claimed', 2), ('done', 3)]:
+            await journal.start_workflow(_workflow(workflow_id, updated_at=T0 + timedelta(minutes=minutes)))
+        await _claim(journal, 'a', workflow_id='held', at=LEASE)
+        await _claim(journal, 'a', workflow_id='expired')
+        await journal.end_workflow(workflow_id='done', status='completed')
+        found = await journal.list_abandoned(now=T0 + LEASE)
+        assert [record.workflow_id for record in found] == ['expired', 'never-claimed']  # the claim updated it
+        assert await journal.list_abandoned(now=T0 + LEASE - timedelta(microseconds=1)) == [
+            record for record in found if record.workflow_id == 'never-claimed'
+        ]
