@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from anyio.from_thread import start_blocking_portal
 from pydantic import BaseModel
-from pydantic_ai import Agent, ModelRetry, RunContext
+from pydantic_ai import Agent, CancellationToken, ModelRetry, RunContext
 from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, RunCancelled, RunTimedOut, UsageLimitExceeded
 from pydantic_ai.messages import (
     ModelMessage,
@@ -284,6 +284,24 @@ async def run_stream_text_abandoned(store: StepStore) -> None:
     assert isinstance(response, ModelResponse) and response.state == 'interrupted'
     kept = response.text or ''
     assert kept.startswith(seen) and full.startswith(kept)
+
+
+@scenario
+async def run_stream_cancelled(store: StepStore) -> None:
+    full = 'the answer is forty two and then some more words'
+    async with persisted(store, model(LOOKUP, text(full))).run_stream('go') as stream:
+        seen = await anext(aiter(stream.stream_text(debounce_by=None)))
+        await stream.cancel()
+        history = stream.all_messages()
+    audit = await audit_only_run(store)
+    # Recorded as a stream left early: pydantic-ai marks the response `interrupted` in the stream's history.
+    assert audit.kinds[-3:] == ['model_request_started', 'model_request_failed', 'run_failed']
+    assert "stopped before the response was complete (state 'interrupted')" in (audit.events[-2].error or '')
+    latest = audit.latest
+    assert latest is not None and latest.state == 'complete' and shape(latest.messages) == shape(history)
+    [*_, response] = latest.messages
+    assert isinstance(response, ModelResponse) and response.state == 'interrupted'
+    assert (response.text or '').startswith(seen)
 
 
 @scenario
@@ -606,6 +624,42 @@ async def cancelled_in_a_model_request(store: StepStore) -> None:
 TIMED_OUT = repr(RunTimedOut('The agent run timed out.'))
 
 
+CANCELLED = repr(RunCancelled('The agent run was cancelled.'))
+
+
+@scenario
+async def cancelled_with_a_token_in_a_model_request(store: StepStore) -> None:
+    script = Script([LOOKUP, text('never')], block_at=1)
+    token = CancellationToken()
+    task = asyncio.create_task(persisted(store, script).run('go', cancellation_token=token))
+    await script.entered.wait()
+    token.cancel()
+    with pytest.raises(RunCancelled):
+        await task
+    audit = await audit_only_run(store)
+    assert_cancelled_in_model_request(audit, CANCELLED)
+    assert audit.statuses() == {'lookup-1': 'completed'}
+
+
+@scenario
+async def agent_run_cancelled_in_a_tool(store: StepStore) -> None:
+    entered = asyncio.Event()
+    agent = await hanging_tool_agent(store, entered)
+
+    async def drive_cancelled_in_the_tool() -> None:
+        async with agent.iter('go') as run:
+            canceller = asyncio.create_task(entered.wait())
+            canceller.add_done_callback(lambda _: run.cancel())
+            async for _ in run:
+                pass
+
+    with pytest.raises(RunCancelled):
+        await drive_cancelled_in_the_tool()
+    audit = await audit_only_run(store)
+    assert_cancelled_in_tool(audit, CANCELLED)
+    assert 'the run was cancelled' in (audit.effects['hang-1'].effect_summary or '')
+
+
 @scenario
 async def cancelled_by_the_application(store: StepStore) -> None:
     agent = persisted(store, model(LOOKUP, calls(('stop', {}, 'stop-1')), text('never')))
@@ -619,8 +673,7 @@ async def cancelled_by_the_application(store: StepStore) -> None:
     with pytest.raises(RunCancelled):
         await agent.run('go')
     audit = await audit_only_run(store)
-    cancelled = repr(RunCancelled('The agent run was cancelled.'))
-    assert audit.kinds[-2:] == ['tool_call_failed', 'run_failed'] and audit.terminal.error == cancelled
+    assert audit.kinds[-2:] == ['tool_call_failed', 'run_failed'] and audit.terminal.error == CANCELLED
     assert 'the run was cancelled' in (audit.effects['stop-1'].effect_summary or '')
 
 
