@@ -19,8 +19,9 @@ import anyio.to_thread
 import pytest
 
 from step_persistence import from_spec
-from step_persistence.durable import journal_for
+from step_persistence.durable import child_workflow_id, journal_for
 from support.backends import BACKENDS, BackendSession, spec_of
+from support.durable_agents import DELEGATE_CALL
 from support.durable_child import CRASH_STATUS
 
 pytestmark = pytest.mark.anyio
@@ -53,7 +54,8 @@ async def _child(session: BackendSession, calls: Path, *, crash_at: str | None, 
     completed = await anyio.to_thread.run_sync(run)
     assert completed.returncode in (0, CRASH_STATUS), completed.stderr
     if completed.returncode == 0:
-        assert json.loads(completed.stdout) == 'done: reserve=reserved A-1, charge=charged 1250'
+        output = 'done: reserve=reserved A-1, charge=charged 1250'
+        assert json.loads(completed.stdout) == (f'desk: delegate={output}' if options.get('delegate') else output)
     return completed.returncode
 
 
@@ -102,3 +104,26 @@ async def test_killed_between_a_tools_body_and_its_record(session: BackendSessio
     async with from_spec(**spec_of(session)) as store:
         units = {unit.tool_call_id: unit for unit in await journal_for(store).list_units(workflow_id='order-42')}
         assert (units['call-charge'].attempts, units['call-reserve'].attempts) == (2, 1)
+
+
+async def test_killed_inside_a_delegates_tool(session: BackendSession, tmp_path: Path) -> None:
+    """The delegate is a child workflow: the resumed parent replays its first request and runs its tool again,
+    in which the delegate replays its own first request and completed call and runs the rest."""
+    calls = tmp_path / 'calls.txt'
+    assert await _child(session, calls, crash_at='charge', delegate=True) == CRASH_STATUS
+    assert _ran(calls) == {'desk-model': 1, 'model': 1, 'reserve': 1, 'charge': 1}
+    assert await _child(session, calls, crash_at=None, delegate=True) == 0
+    assert _ran(calls) == {'desk-model': 2, 'model': 2, 'reserve': 1, 'charge': 2}
+    child_id = child_workflow_id('order-42', DELEGATE_CALL)
+    async with from_spec(**spec_of(session)) as store:
+        journal = journal_for(store)
+        for workflow_id in ('order-42', child_id):
+            workflow = await journal.get_workflow(workflow_id=workflow_id)
+            assert workflow is not None and (workflow.status, workflow.attempts) == ('completed', 2)
+        units = await journal.list_units(workflow_id=child_id)
+        attempts = {unit.tool_call_id: unit.attempts for unit in units if unit.kind == 'tool'}
+        assert attempts == {'call-reserve': 1, 'call-charge': 2}
+        assert {run.run_id: run.parent_run_id for run in await store.list_runs()} == {
+            'order-42': None,
+            child_id: 'order-42',
+        }

@@ -23,11 +23,11 @@ from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls
 from pydantic_ai.toolsets import DynamicToolset
 
 from step_persistence import InMemoryStepStore, StepPersistence, StepStore
-from step_persistence.durable import journal_for
+from step_persistence.durable import child_workflow_id, journal_for
 from step_persistence.durable.engine import StepDurability
 from step_persistence.durable.errors import CodeVersionMismatchError, InFlightUnitError, ReplayDivergedError
 from support.backends import BACKENDS
-from support.durable_agents import Calls, build_agent
+from support.durable_agents import DELEGATE_CALL, Calls, build_agent, build_delegating_agent
 from support.recording import RecordingStore
 
 pytestmark = pytest.mark.anyio
@@ -301,3 +301,53 @@ async def test_dynamic_toolsets_and_capability_operations_replay(store: StepStor
         assert (calls['model'], calls['lookup'], audits['audit']) == (2, 1, 2), 'the second run replays them'
     kinds = Counter(unit.kind for unit in await journal_for(store).list_units(workflow_id='dynamic-1'))
     assert kinds == {'discovery': 2, 'capability': 2, 'model': 2, 'tool': 1}
+
+
+async def test_a_delegate_is_a_child_workflow_that_replays_its_own_units(store: StepStore) -> None:
+    """Stopped inside the delegate's second tool: the resumed parent runs its tool again (the delegate's journal
+    decides for the delegate's units), and the delegate replays its first request and its completed call."""
+    child_id = child_workflow_id('desk-1', DELEGATE_CALL)
+    desk, orders = Calls(), Calls()
+    entered = asyncio.Event()
+
+    async def hang() -> None:
+        await _wait_until(lambda: _completed(store, child_id, 'call-reserve'))
+        entered.set()
+        await asyncio.Event().wait()
+
+    orders.hooks['charge'] = hang
+    run = asyncio.create_task(build_delegating_agent(store, desk, orders, idempotent_b=True).run('go', run_id='desk-1'))
+    await entered.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert (desk.model, dict(desk.tools), orders.model, dict(orders.tools)) == (
+        1,
+        {'delegate': 1},
+        1,
+        {'reserve': 1, 'charge': 1},
+    )
+
+    resumed_desk, resumed_orders = Calls(), Calls()
+    result = await build_delegating_agent(store, resumed_desk, resumed_orders, idempotent_b=True).run(
+        'go', run_id='desk-1'
+    )
+    assert result.output == 'desk: delegate=done: reserve=reserved A-1, charge=charged 1250'
+    assert (resumed_desk.model, dict(resumed_desk.tools)) == (1, {'delegate': 1}), 'the first request replayed'
+    assert (resumed_orders.model, dict(resumed_orders.tools)) == (1, {'charge': 1}), "the delegate's replayed"
+    journal = journal_for(store)
+    child = await journal.get_workflow(workflow_id=child_id)
+    assert child is not None and (child.status, child.attempts) == ('completed', 2)
+    parent_unit = {unit.tool_call_id: unit for unit in await journal.list_units(workflow_id='desk-1')}[DELEGATE_CALL]
+    assert child.inputs['parent'] == {
+        'workflow_id': 'desk-1',
+        'unit_key': parent_unit.unit_key,
+        'tool_call_id': DELEGATE_CALL,
+    }
+    assert (parent_unit.status, parent_unit.attempts) == ('completed', 2)
+    runs = {run.run_id: run.parent_run_id for run in await store.list_runs()}
+    assert runs == {'desk-1': None, child_id: 'desk-1'}, 'one record each, the delegate linked to its parent'
+
+    again_desk, again_orders = Calls(), Calls()
+    await build_delegating_agent(store, again_desk, again_orders, idempotent_b=True).run('go', run_id='desk-1')
+    assert (again_desk.model, dict(again_desk.tools), again_orders.model, dict(again_orders.tools)) == (0, {}, 0, {})

@@ -99,3 +99,41 @@ def build_agent(
         output_type=[str, DeferredToolRequests],
         capabilities=capabilities,
     )
+
+
+DESK_NAME = 'desk'
+DELEGATE_CALL = 'call-delegate'
+
+
+def build_delegating_agent(
+    store: StepStore, desk: Calls, orders: Calls, **options: Any
+) -> Agent[None, str | DeferredToolRequests]:
+    """An agent whose tool `delegate` runs the order agent (`build_agent(store, orders, **options)`) as a
+    delegate, without a `run_id`; its first request calls the tool, its second one answers with the result.
+
+    `delegate` has the default in-flight policy (`fail`): its run is a child workflow, so a resumed parent
+    runs it again and the delegate replays its own units. `desk.model` counts the parent's requests.
+    """
+    orders_agent = build_agent(store, orders, **options)
+
+    async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        desk.model += 1
+        await desk._hook(f'model:{desk.model}')
+        returns = _returns(messages)
+        if not returns:
+            return ModelResponse(parts=[ToolCallPart('delegate', {'task': 'two items'}, tool_call_id=DELEGATE_CALL)])
+        return ModelResponse(parts=[TextPart('desk: ' + ', '.join(returns))])
+
+    async def delegate(task: str) -> str:
+        desk.tools['delegate'] += 1
+        result = await orders_agent.run(task)
+        assert isinstance(result.output, str)
+        return result.output
+
+    return Agent(
+        FunctionModel(model),
+        name=DESK_NAME,
+        tools=[delegate],
+        output_type=[str, DeferredToolRequests],
+        capabilities=[StepPersistence(store), StepDurability(store)],
+    )

@@ -4,7 +4,9 @@
 model request and tool body appends its name to, before any crash), `crash_at` (`'charge'`: inside that
 tool once its parallel sibling's unit completed; `'record:charge'`: after that tool's body returned, before
 its unit is journaled `completed`; `'model:2'`: inside the second model request; `None`) and
-`idempotent_b`. `os._exit(9)` at the crash point; otherwise prints the run's output and exits 0.
+`idempotent_b`. With `delegate`, the run is the desk agent's, and the order workflow its delegate (a child
+workflow): the crash points are the delegate's, and the parent's requests are logged as `desk-model`.
+`os._exit(9)` at the crash point; otherwise prints the run's output and exits 0.
 """
 
 from __future__ import annotations
@@ -19,9 +21,9 @@ from typing import Any
 import anyio.to_thread
 
 from step_persistence import from_spec
-from step_persistence.durable import journal_for
+from step_persistence.durable import child_workflow_id, journal_for
 from step_persistence.durable.records import DurableUnit
-from support.durable_agents import Calls, build_agent
+from support.durable_agents import DELEGATE_CALL, Calls, build_agent, build_delegating_agent
 
 CRASH_STATUS = 9
 
@@ -57,6 +59,8 @@ async def main(arguments: dict[str, Any]) -> None:
     calls_file = Path(arguments['calls'])
     crash_at = arguments['crash_at']
     run_id = arguments['run_id']
+    delegate = arguments.get('delegate', False)
+    orders_id = child_workflow_id(run_id, DELEGATE_CALL) if delegate else run_id
     async with from_spec(**arguments['spec']) as store:
         calls = Calls()
 
@@ -64,7 +68,7 @@ async def main(arguments: dict[str, Any]) -> None:
             async def record() -> None:
                 await anyio.to_thread.run_sync(_append, calls_file, label)
                 if name == 'charge' and crash_at in ('charge', 'record:charge'):
-                    await _sibling_completed(store, run_id)
+                    await _sibling_completed(store, orders_id)
                 if name == crash_at:
                     os._exit(CRASH_STATUS)
 
@@ -74,7 +78,12 @@ async def main(arguments: dict[str, Any]) -> None:
         calls.hooks.update({f'model:{n}': hook(f'model:{n}', 'model') for n in range(1, 5)})
         if crash_at == 'record:charge':
             _crash_before_recording_the_charge(store)
-        agent = build_agent(store, calls, idempotent_b=arguments['idempotent_b'])
+        if delegate:
+            desk = Calls()
+            desk.hooks.update({f'model:{n}': hook(f'desk-model:{n}', 'desk-model') for n in range(1, 5)})
+            agent = build_delegating_agent(store, desk, calls, idempotent_b=arguments['idempotent_b'])
+        else:
+            agent = build_agent(store, calls, idempotent_b=arguments['idempotent_b'])
         result = await agent.run('two items', run_id=run_id)
         print(json.dumps(result.output))
 

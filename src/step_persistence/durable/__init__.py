@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from step_persistence._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from step_persistence.durable.children import child_workflow_id
     from step_persistence.durable.engine import StepDurability
     from step_persistence.durable.errors import (
         CodeVersionMismatchError,
@@ -34,6 +35,7 @@ _MODULES: dict[str, str] = {
     'JournalStore': 'step_persistence.durable.protocol',
     'WorkflowRecord': 'step_persistence.durable.records',
     'journal_for': 'step_persistence.durable.journals',
+    'child_workflow_id': 'step_persistence.durable.children',
 }
 
 __all__ = [
@@ -46,6 +48,7 @@ __all__ = [
     'ReplayDivergedError',
     'StepDurability',
     'WorkflowRecord',
+    'child_workflow_id',
     'journal_for',
 ]
 

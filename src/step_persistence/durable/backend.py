@@ -61,6 +61,10 @@ class JournalBackend(JournalCallableOperationBackend[UnitPolicy]):
         config: UnitPolicy,
     ) -> object:
         workflow = ACTIVE_WORKFLOW.get()
+        ctx = _run_context(cache_key)
+        if workflow is not None and ctx is not None and ctx.run_id != workflow.workflow_id:
+            # A delegate's operation before its own run opened its journal: the enclosing workflow is its parent's.
+            workflow = None
         unit = None if workflow is None else self._unit(operation_id, cache_key, workflow)
         if workflow is None or unit is None:
             return await body()

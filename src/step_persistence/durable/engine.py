@@ -9,6 +9,7 @@ from typing import Any
 from step_persistence._cancellation import run_to_completion
 from step_persistence._replay import DURABLE_RUN, DurableRun
 from step_persistence.capability import StepPersistence
+from step_persistence.durable.children import DELEGATING_UNIT
 from step_persistence.durable.errors import CodeVersionMismatchError, ReplayDivergedError
 from step_persistence.durable.fingerprints import inputs_fingerprint
 from step_persistence.durable.journals import journal_for
@@ -144,6 +145,12 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             raise RuntimeError('StepDurability is used before it was bound to an agent')
         return self._backend
 
+    def get_default_run_id(self) -> str | None:
+        # A delegate run started without a `run_id` inside a tool unit of a durable run is a child workflow of
+        # that unit, under an id derived from the parent's and the tool call's: a replay's delegate is the same.
+        delegating = DELEGATING_UNIT.get()
+        return None if delegating is None else delegating.next_child_id()
+
     def get_default_conversation_id(self, run_id: str) -> str | None:
         # Derived from the run id, so a replay's messages carry the same conversation id.
         return conversation_id_from_run_id(run_id)
@@ -153,10 +160,13 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         if workflow_id is None:
             raise RuntimeError('the run context has no run_id to journal the run under')
         journal = journal_for(self.store)
-        inputs = {
+        inputs: dict[str, Any] = {
             'prompt': ctx.prompt if isinstance(ctx.prompt, str) else None,
             'fingerprint': inputs_fingerprint(ctx.prompt, ctx.messages),
         }
+        parent = DELEGATING_UNIT.get()
+        if parent is not None:
+            inputs['parent'] = parent.as_parent()
         record = await journal.start_workflow(
             WorkflowRecord(
                 workflow_id=workflow_id,
@@ -181,6 +191,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         )
         workflow_token = ACTIVE_WORKFLOW.set(workflow)
         durable_token = DURABLE_RUN.set(durable)
+        delegating_token = DELEGATING_UNIT.set(None)  # the run's own tool units are the parents of its delegates
         try:
             with replay_scope():
                 result = await super().wrap_run(ctx, handler=handler)
@@ -188,6 +199,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed'))
             raise
         finally:
+            DELEGATING_UNIT.reset(delegating_token)
             DURABLE_RUN.reset(durable_token)
             ACTIVE_WORKFLOW.reset(workflow_token)
             counts = workflow.counts

@@ -22,6 +22,9 @@ class UnitPolicy:
     """The durable configuration of one unit (pydantic-ai resolves it per tool from the tool's metadata)."""
 
     in_flight: InFlightPolicy
+    explicit: bool = True
+    """Set for the tool itself (its metadata), not taken from `in_flight_tools`: a tool that delegated to a
+    child workflow reruns unless its own policy says otherwise (docs/durable.md, "Delegates")."""
 
 
 RERUN = UnitPolicy(in_flight='rerun')
@@ -39,7 +42,7 @@ def tool_policy(metadata: dict[str, Any] | None, *, tool_name: str, default: InF
     """The policy of a tool: its metadata's `in_flight` (or `idempotent: True`, meaning `rerun`), else `default`."""
     config = (metadata or {}).get(METADATA_KEY)
     if config is None:
-        return UnitPolicy(in_flight=default)
+        return UnitPolicy(in_flight=default, explicit=False)
     if not isinstance(config, dict):
         raise ValueError(f'tool {tool_name!r}: metadata[{METADATA_KEY!r}] must be a dict, not {config!r}')
     unknown = set(config) - {'in_flight', 'idempotent'}
@@ -49,4 +52,4 @@ def tool_policy(metadata: dict[str, Any] | None, *, tool_name: str, default: InF
         return UnitPolicy(in_flight=check_policy(config['in_flight'], f'tool {tool_name!r}'))
     if config.get('idempotent') is True:
         return RERUN
-    return UnitPolicy(in_flight=default)
+    return UnitPolicy(in_flight=default, explicit=False)

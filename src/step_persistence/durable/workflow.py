@@ -11,6 +11,7 @@ from typing import Any
 from step_persistence._active import ACTIVE_RUN
 from step_persistence._cancellation import run_to_completion
 from step_persistence._replay import InFlightCallRefused
+from step_persistence.durable.children import DELEGATING_UNIT, DelegatingUnit, child_workflow_id
 from step_persistence.durable.errors import InFlightUnitError, ReplayDivergedError
 from step_persistence.durable.fingerprints import MessageDigests
 from step_persistence.durable.policies import METADATA_KEY, UnitPolicy
@@ -91,6 +92,9 @@ class ActiveWorkflow:
         # To its end, so that a body never runs before its `started` record is stored.
         await run_to_completion(self.journal.record_unit(started))
         self.counts.executed += 1
+        # A delegate run started in a tool's body is a child workflow of this unit (`durable/children.py`).
+        delegating = None if tool_call_id is None else DelegatingUnit(self.workflow_id, key, tool_call_id)
+        token = DELEGATING_UNIT.set(delegating)
         try:
             result = await body()
         except asyncio.CancelledError:
@@ -101,12 +105,17 @@ class ActiveWorkflow:
             failed = started.model_copy(update={'status': 'failed', 'error': repr(error), 'ended_at': utc_now()})
             await run_to_completion(self.journal.record_unit(failed))
             raise
+        finally:
+            DELEGATING_UNIT.reset(token)
         completed = started.model_copy(update={'status': 'completed', 'result': result, 'ended_at': utc_now()})
         await run_to_completion(self.journal.record_unit(completed))
         return result
 
     async def _decide_in_flight(self, key: str, policy: UnitPolicy, *, describe: str, tool_call_id: str | None) -> None:
         if policy.in_flight == 'rerun':
+            return
+        if not policy.explicit and tool_call_id is not None and await self._delegated(tool_call_id):
+            # Its child's journal decides for the child's units: the tool's body runs again and the child replays.
             return
         if policy.in_flight == 'fail' or tool_call_id is None:
             raise InFlightUnitError(workflow_id=self.workflow_id, unit_key=key, call=describe)
@@ -118,6 +127,12 @@ class ActiveWorkflow:
                 details['idempotency_key'] = effect.idempotency_key
                 details['effect_summary'] = effect.effect_summary
         raise InFlightCallRefused(metadata={METADATA_KEY: details})
+
+    async def _delegated(self, tool_call_id: str) -> bool:
+        """Whether the tool call started a child workflow (its first delegate run, under its derived id)."""
+        child = await self.journal.get_workflow(workflow_id=child_workflow_id(self.workflow_id, tool_call_id))
+        parent = None if child is None else child.inputs.get('parent')
+        return isinstance(parent, dict) and parent.get('workflow_id') == self.workflow_id
 
 
 ACTIVE_WORKFLOW: ContextVar[ActiveWorkflow | None] = ContextVar('step_persistence_active_workflow', default=None)
