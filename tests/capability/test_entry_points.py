@@ -863,8 +863,9 @@ def test_run_sync_alternating_with_asyncio_run(any_backend: Backend, request: py
             history = asyncio.run(continue_run(store, run_id=runs[-1].run_id))
 
 
-def test_run_stream_sync_read_whole_then_left_early(any_backend: Backend, request: pytest.FixtureRequest) -> None:
-    """`run_stream_sync` read to the end, the chat continued from the store, then a second stream left early."""
+def test_run_stream_sync_text_and_structured(any_backend: Backend, request: pytest.FixtureRequest) -> None:
+    """`run_stream_sync` read to the end, the chat continued from the store, then a second stream left early;
+    and a structured output read to the end."""
     with store_beside_event_loops(any_backend, request) as store:
         agent = persisted(store, model(LOOKUP, text('one two three'), text('four five six seven')))
         with agent.run_stream_sync('go', conversation_id='conv') as whole:
@@ -882,6 +883,15 @@ def test_run_stream_sync_read_whole_then_left_early(any_backend: Backend, reques
         [*_, response] = latest.messages
         assert isinstance(response, ModelResponse) and response.state == 'interrupted'
         assert (response.text or '').startswith(seen) and response.text != 'four five six seven'
+
+        final = calls(('final_result', {'value': 'v'}, 'out-1'))
+        structured = persisted(store, model(LOOKUP, final), output_type=Answer)
+        with structured.run_stream_sync('shape it', conversation_id='structured') as answered:
+            assert answered.get_output() == Answer(value='v')
+        [run] = asyncio.run(store.list_runs(conversation_id='structured'))
+        audit = asyncio.run(audit_run(store, run.run_id))
+        assert audit.latest is not None and audit.latest.state == 'complete'
+        assert shape(audit.latest.messages) == shape(answered.all_messages()) and len(audit.latest.messages) == 5
 
 
 SERVER_FIXTURES = {'postgres': ('postgres_server',), 'mongo': ('mongo_server',), 'motor': ('mongo_server',)}
