@@ -1,4 +1,6 @@
-"""Every page of the inspector works on every backend of the registry (SQLite, PostgreSQL, MongoDB, files, memory).
+"""Every page of the inspector works on every backend of the registry (SQLite, PostgreSQL, MongoDB, files, memory),
+and leaves a file store's directory as it found it (the SQL and MongoDB stores are shown to be sent
+reads only in test_inspector_bounded_reads.py).
 
 No browser here: the application is called in the test's event loop (the store's) through
 httpx2's ASGI transport, on the scenario written by scripted agents (without the 500 fillers).
@@ -6,16 +8,18 @@ httpx2's ASGI transport, on the scenario written by scripted agents (without the
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import httpx2
 import pytest
 
-from step_persistence import StepStore
+from step_persistence import FileStepStore, StepStore
 from step_persistence.inspector import create_app
 from step_persistence.inspector.media import blob_digest
 from support.backends import StoreMaker
-from support.inspector_scenario import XSS, Scenario, png, write_scenario
+from support.inspector_scenario import XSS, Scenario, png, scenario_pages, write_scenario
 
 pytestmark = pytest.mark.anyio
 
@@ -77,3 +81,31 @@ async def test_every_page_answers_on_every_backend(filled: tuple[StepStore, Scen
         pages.append(missing.text)
     assert 'db.internal' in listing.text, 'the store is named'
     assert not [secret for secret in SECRETS for page in pages if secret in page], 'no password on any page'
+
+
+def _tree(root: Path) -> dict[str, tuple[int, str]]:
+    """Every file and directory under `root`: its modification time and the SHA-256 of its bytes."""
+    return {
+        str(path.relative_to(root)): (
+            path.stat().st_mtime_ns,
+            hashlib.sha256(path.read_bytes()).hexdigest() if path.is_file() else 'directory',
+        )
+        for path in sorted(root.rglob('*'))
+    }
+
+
+async def test_no_page_writes_to_a_file_store(tmp_path: Path) -> None:
+    directory = tmp_path / 'runs'
+    async with FileStepStore(directory) as store:
+        scenario = await write_scenario(store, crash_spec=None, fillers=3)
+        try:
+            before = _tree(directory)
+            async with httpx2.AsyncClient(
+                transport=httpx2.ASGITransport(app=create_app(store)), base_url='http://inspector'
+            ) as client:
+                for address in await scenario_pages(store):
+                    assert (await client.get(address)).status_code == 200, address
+            assert _tree(directory) == before
+        finally:
+            scenario.release()
+            await scenario.held_task

@@ -32,10 +32,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import MongoStepStore, RunRecord, SqliteStepStore, SqlStepStore, StepEvent, StepStore
 from step_persistence.inspector import create_app
-from step_persistence.inspector.media import blob_digest
 from step_persistence.protocol import write_steps
 from step_persistence.records import StepWrites, utc_now
-from support.inspector_scenario import FILLER_AGENT, Scenario, png, write_scenario
+from support.inspector_scenario import FILLER_AGENT, Scenario, scenario_pages, write_scenario
 from support.mongo_helpers import CommandLog, explain
 from support.query_plans import full_scans, query_plan, statements_sent_by, unkeyed_index_walks
 from support.servers.mongo import MongoServer
@@ -50,30 +49,6 @@ READS = ('SELECT', 'WITH')
 TRANSACTION_CONTROL = frozenset({'BEGIN', 'COMMIT', 'ROLLBACK', 'SAVEPOINT', 'RELEASE'})
 MONGO_READS = frozenset({'find', 'aggregate', 'count', 'distinct', 'getMore', 'endSessions'})
 """Commands that only read (`endSessions` ends the client's sessions when it closes)."""
-
-
-async def page_addresses(store: StepStore) -> list[str]:
-    """Every page of the inspector over the scenario, with each filter of the run list."""
-    snapshots = await store.list_snapshots(run_id='image-run', include_interrupted=True)
-    seq = snapshots[-1].seq
-    return [
-        '/',
-        '/?start=3&size=5',
-        f'/?agent={FILLER_AGENT}',
-        '/?conversation=conv-research',
-        '/?status=crashed',
-        '/?q=fork',
-        '/run?id=orchestrator-run',
-        '/run?id=researcher-run',
-        '/run?id=fork-run',
-        '/run?id=mailer-run',
-        '/run?id=held-run',
-        '/run/state?id=held-run',
-        f'/run/messages?id=image-run&seq={seq}',
-        f'/media?run=image-run&seq={seq}&digest={blob_digest(png())}',
-        '/conversations',
-        '/conversation?id=conv-research',
-    ]
 
 
 @asynccontextmanager
@@ -187,7 +162,7 @@ async def test_every_page_reads_sqlite_through_indexes(
     store, traced, database = sqlite_store
     await older_runs(store, 0, 20)
     async with inspector(store) as get:
-        for address in await page_addresses(store):
+        for address in await scenario_pages(store):
             with traced.watching():
                 await get(address)
             for statement in traced.reads():
@@ -209,7 +184,7 @@ async def test_every_page_does_the_same_work_on_a_store_ten_times_larger(
     sqlite_store: tuple[SqliteStepStore, Traced, Path],
 ) -> None:
     store, traced, _ = sqlite_store
-    addresses = await page_addresses(store)
+    addresses = await scenario_pages(store)
 
     async def measure() -> dict[str, Work]:
         measured: dict[str, Work] = {}
@@ -251,7 +226,7 @@ async def test_every_page_reads_postgresql_through_indexes(postgres_server: Post
         try:
             await older_runs(store, 0, 20)
             async with inspector(store) as get:
-                for address in await page_addresses(store):
+                for address in await scenario_pages(store):
                     captured = await statements_sent_by(engine, lambda address=address: get(address), kinds=('',))
                     for statement, parameters in captured:
                         assert statement.lstrip().upper().startswith(READS), (address, statement)
@@ -291,7 +266,7 @@ async def test_every_page_reads_mongodb_through_indexes(mongo_server: MongoServe
         try:
             await older_runs(store, 0, 20)
             async with inspector(store) as get:
-                for address in await page_addresses(store):
+                for address in await scenario_pages(store):
                     log.commands.clear()
                     await get(address)
                     sent: list[tuple[str, Any, Any]] = list(log.commands)

@@ -1,7 +1,9 @@
 """`step-persistence serve` as a user runs it: the installed console script, a real socket, a real store.
 
-A non-loopback bind is refused before anything is opened; a served store never shows the password
-of its URL; the token is asked for; Ctrl-C stops the server cleanly.
+A non-loopback bind is refused before anything is opened, and served with `--allow-remote` and a
+token; every backend is served; a served store never shows the password of its URL; the token is
+asked for; Ctrl-C stops the server cleanly; without the `inspector` extra the command says how to
+install it.
 """
 
 from __future__ import annotations
@@ -23,10 +25,15 @@ import pytest
 from pydantic_ai import Agent
 
 from step_persistence import PostgresStepStore, StepPersistence, from_spec
+from step_persistence.cli.serve import TOKEN_ENV
 from support.console_script import SCRIPT, cli
+from support.mongo_helpers import scratch
 from support.scripted import calls, scripted, text
 from support.servers import wait_until
+from support.servers.mongo import MongoServer, Scratch
 from support.servers.postgres import PostgresServer
+
+__all__ = ['scratch']
 
 pytestmark = pytest.mark.anyio
 
@@ -182,3 +189,80 @@ async def test_no_page_shows_the_password_of_the_store_url(postgres_server: Post
         assert 'served-run' in pages[0] and 'postgres:***@' in pages[0]
         assert not [shown for shown in pages if PASSWORD in shown]
     await postgres_server.drop_database(database)
+
+
+@pytest.mark.parametrize('backend', ['sqlite', 'file', 'mongodb'])
+async def test_serve_serves_every_backend(
+    backend: str, tmp_path: Path, mongo_server: MongoServer, scratch: Scratch
+) -> None:
+    """PostgreSQL is served by `test_no_page_shows_the_password_of_the_store_url`."""
+    url = {
+        'sqlite': f'sqlite:///{tmp_path / "runs.db"}',
+        'file': f'file://{tmp_path / "runs"}',
+        'mongodb': mongo_server.uri_for(scratch.fresh_database()),
+    }[backend]
+    await _write_runs(url)
+    with served('--store', url) as (line, _):
+        address = line.split(' at ', 1)[1].split()[0]
+        assert 'served-run' in page(address, '/')
+        assert 'lookup-1' in page(address, '/run?id=served-run')
+        assert 'look it up' in page(address, '/run/messages?id=served-run&seq=1')
+        assert 'served-run' in page(address, '/conversation?id=served-conversation')
+
+
+async def test_a_remote_bind_with_allow_remote_and_a_token_serves_only_who_has_the_token(tmp_path: Path) -> None:
+    url = f'sqlite:///{tmp_path / "runs.db"}'
+    await _write_runs(url)
+    with served('--store', url, '--host', '0.0.0.0', '--allow-remote', env={TOKEN_ENV: TOKEN}) as (line, _):
+        address = line.split(' at ', 1)[1].split()[0]
+        assert address.startswith('http://0.0.0.0:') and address.endswith(f'/?token={TOKEN}')
+        reachable = address.replace('0.0.0.0', '127.0.0.1')
+        assert fetch(reachable, '/')[0].status == 401
+        assert fetch(reachable, '/?token=not-the-token-at-all')[0].status == 401
+        entry, _ = fetch(reachable, f'/?token={TOKEN}')
+        assert entry.status == 303 and entry.getheader('location') == '/'
+        cookie = (entry.getheader('set-cookie') or '').split(';', 1)[0]
+        assert TOKEN not in cookie
+        assert 'served-run' in page(reachable, '/', cookie)
+        other_host = http.client.HTTPConnection('127.0.0.1', urlsplit(reachable).port, timeout=30)
+        other_host.request('GET', '/', headers={'Cookie': cookie, 'Host': 'inspector.example:8765'})
+        assert other_host.getresponse().status == 200, 'a remote bind serves any Host name (the token guards it)'
+
+
+WITHOUT_THE_EXTRA = """
+import sys
+from importlib.abc import MetaPathFinder
+
+
+class NotInstalled(MetaPathFinder):
+    # finds the extra's packages as Python does when they are not installed
+
+    def find_spec(self, name, path, target=None):
+        if name.partition('.')[0] in ('starlette', 'uvicorn', 'jinja2'):
+            raise ModuleNotFoundError(f'No module named {name!r}', name=name)
+        return None
+
+
+sys.meta_path.insert(0, NotInstalled())
+import step_persistence.inspector.binding  # the standard library only: serve checks the bind first
+
+try:
+    from step_persistence.inspector import create_app
+except ImportError as error:
+    assert "pip install 'step-persistence[inspector]'" in str(error), error
+else:
+    raise AssertionError('the inspector imported without its extra')
+from step_persistence.cli import main
+sys.argv = ['step-persistence', 'serve', '--store', sys.argv[1], '--port', '0']
+main()
+"""
+
+
+def test_without_the_inspector_extra_serve_says_how_to_install_it(tmp_path: Path) -> None:
+    store = tmp_path / 'runs.db'
+    completed = subprocess.run(
+        [sys.executable, '-c', WITHOUT_THE_EXTRA, f'sqlite:///{store}'], capture_output=True, text=True, timeout=120
+    )
+    assert completed.returncode == EXIT_USAGE, (completed.stdout, completed.stderr)
+    assert "pip install 'step-persistence[inspector]'" in completed.stderr
+    assert completed.stdout == '' and not store.exists()

@@ -17,6 +17,7 @@ Oldest first:
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import struct
 import zlib
@@ -43,7 +44,17 @@ from step_persistence.records import StepWrites, utc_now
 from support.console_script import python_script
 from support.scripted import calls, scripted, text
 
-__all__ = ['CHART_HEIGHT', 'CHART_WIDTH', 'FILLER_AGENT', 'FILLER_RUNS', 'XSS', 'Scenario', 'png', 'write_scenario']
+__all__ = [
+    'CHART_HEIGHT',
+    'CHART_WIDTH',
+    'FILLER_AGENT',
+    'FILLER_RUNS',
+    'XSS',
+    'Scenario',
+    'png',
+    'scenario_pages',
+    'write_scenario',
+]
 
 CHILD = Path(__file__).with_name('child.py')
 FILLER_AGENT = 'filler'
@@ -230,3 +241,27 @@ async def write_scenario(
     crashed = None if crash_spec is None else await _crash(store, crash_spec)
     held, task = await _held(store)
     return Scenario(fillers=filler_ids, crashed_run=crashed, held=held, held_task=task)
+
+
+async def scenario_pages(store: StepStore) -> list[str]:
+    """The address of every page of the inspector over the scenario, with each filter of the run list."""
+    snapshots = await store.list_snapshots(run_id='image-run', include_interrupted=True)
+    seq = snapshots[-1].seq
+    return [
+        '/',
+        '/?start=3&size=5',
+        f'/?agent={FILLER_AGENT}',
+        '/?conversation=conv-research',
+        '/?status=crashed',
+        '/?q=fork',
+        '/run?id=orchestrator-run',
+        '/run?id=researcher-run',
+        '/run?id=fork-run',
+        '/run?id=mailer-run',
+        '/run?id=held-run',
+        '/run/state?id=held-run',
+        f'/run/messages?id=image-run&seq={seq}',
+        f'/media?run=image-run&seq={seq}&digest={hashlib.sha256(png()).hexdigest()}',
+        '/conversations',
+        '/conversation?id=conv-research',
+    ]
