@@ -20,6 +20,7 @@ import pytest
 from pydantic_ai.messages import ModelRequest, UserPromptPart
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
+from sqlalchemy.pool import Pool
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent
 from step_persistence.records import StepWrites
@@ -151,6 +152,72 @@ async def test_a_cancelled_postgres_flush_in_one_statement_lands_whole_or_not_at
             assert [s.seq for s in await store.list_snapshots(run_id='r')] == list(range(1, len(landed) + 2))
     finally:
         await engine.dispose()
+    closing = started_since(running)
+    if closing:
+        await asyncio.wait(closing, timeout=10)
+    assert started_since(running) == set(), 'no task was left behind'
+
+
+class _CancelAtFlush:
+    """An asyncpg protocol that, once armed (a cancel function in `armed`), calls it as it sends the next flush
+    statement (a `WITH`), which is then in flight."""
+
+    def __init__(self, protocol: Any, armed: list[Callable[[], None]]) -> None:
+        self._protocol = protocol
+        self._armed = armed
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._protocol, name)
+        if name != 'bind_execute':
+            return attribute
+
+        def bind_execute(statement: Any, *args: Any, **kwargs: Any) -> Any:
+            sent = attribute(statement, *args, **kwargs)
+            if self._armed and str(statement.query).lstrip().upper().startswith('WITH'):
+                self._armed.pop()()
+            return sent
+
+        return bind_execute
+
+
+async def test_a_cancelled_flush_on_the_stores_own_engine_lands_whole_or_not_and_its_connection_is_dropped(
+    postgres_database: EmptyDatabase,
+) -> None:
+    """On the store's own engine the flush statement runs straight on a pooled driver connection
+    (`executors.py`): interrupted in flight, it committed whole or not at all, the connection (asyncpg
+    still cancelling its statement) is dropped rather than handed out again, and the store goes on."""
+    running = asyncio.all_tasks()
+    armed: list[Callable[[], None]] = []
+    dropped: list[BaseException | None] = []
+    started = StepEvent(run_id='r', kind='model_request_started', step_index=1)
+
+    def on_connect(dbapi_connection: Any, record: Any) -> None:
+        driver = dbapi_connection.driver_connection
+        driver._protocol = _CancelAtFlush(driver._protocol, armed)
+
+    def on_invalidate(dbapi_connection: Any, record: Any, error: BaseException | None) -> None:
+        dropped.append(error)
+
+    event.listen(Pool, 'connect', on_connect)
+    event.listen(Pool, 'invalidate', on_invalidate)
+    try:
+        async with SqlStepStore(postgres_database.url) as store:
+            await store.migrate()
+            await store.register_run(RunRecord(run_id='r'))
+            with anyio.CancelScope() as scope:
+                armed.append(scope.cancel)
+                await store.write_batch(StepWrites(events=[started], snapshots=[SNAPSHOT]))
+            assert scope.cancelled_caught
+            assert not armed, 'the flush statement was in flight when cancelled'
+            assert len(dropped) == 1, 'the interrupted connection was dropped'
+            landed = await store.list_snapshots(run_id='r')
+            events = await store.list_events(run_id='r')
+            assert (len(landed), len(events)) in ((0, 0), (1, 1)), 'all of the flush or nothing'
+            await store.save_snapshot(SNAPSHOT)
+            assert [s.seq for s in await store.list_snapshots(run_id='r')] == list(range(1, len(landed) + 2))
+    finally:
+        event.remove(Pool, 'connect', on_connect)
+        event.remove(Pool, 'invalidate', on_invalidate)
     closing = started_since(running)
     if closing:
         await asyncio.wait(closing, timeout=10)

@@ -14,9 +14,12 @@ from collections import Counter
 
 import pytest
 from pydantic_ai import Agent
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncConnection, create_async_engine
+from sqlalchemy.pool import Pool
 
-from step_persistence import SqlStepStore, StepPersistence
+from step_persistence import RunRecord, SqlStepStore, StepEvent, StepPersistence
+from step_persistence.records import StepWrites
 from support.databases import EmptyDatabase, statements_sent
 from support.round_trips import count_round_trips, counting_every_engine
 from support.scripted import calls, scripted, text
@@ -81,6 +84,36 @@ async def test_the_stores_own_engine_takes_the_same_round_trips(postgres_databas
                 per_run.append(counted_since(counts, before))
     short, long = per_run
     assert long - short == Counter({'execute': 2 * 10})
+
+
+async def test_the_stores_own_engine_gives_a_connection_back_out_of_autocommit(
+    postgres_database: EmptyDatabase,
+) -> None:
+    """On the store's own engine a flush of one run runs in autocommit straight on a pooled connection
+    (`executors.py`); the connection goes back to the pool as it came, so the next transaction on it (a batch
+    of two runs) still begins and commits."""
+    opened: list[object] = []
+
+    def on_connect(dbapi_connection: object, record: object) -> None:
+        opened.append(dbapi_connection)
+
+    event.listen(Pool, 'connect', on_connect)
+    with counting_every_engine() as counts:
+        async with SqlStepStore(postgres_database.url) as store:
+            await store.migrate()
+            await store.register_run(RunRecord(run_id='r'))
+            before = counts.copy()
+            await store.write_batch(StepWrites(events=[StepEvent(run_id='r', kind='run_started', step_index=0)]))
+            flushed = counted_since(counts, before)
+            before = counts.copy()
+            two_runs = [StepEvent(run_id=run_id, kind='run_started', step_index=0) for run_id in ('r', 'other')]
+            await store.write_batch(StepWrites(events=two_runs))
+            transaction = counted_since(counts, before)
+            assert [event.kind for event in await store.list_events(run_id='r')] == ['run_started'] * 2
+    event.remove(Pool, 'connect', on_connect)
+    assert len(opened) == 1, 'one connection served every operation'
+    assert flushed == Counter({'execute': 1}) or flushed == Counter({'prepare': 1, 'execute': 1}), flushed
+    assert transaction['BEGIN'] == transaction['COMMIT'] == 1, transaction
 
 
 async def test_in_a_callers_transaction_the_flush_statement_joins_it(postgres_database: EmptyDatabase) -> None:

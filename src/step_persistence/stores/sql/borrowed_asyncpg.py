@@ -28,7 +28,7 @@ encoder and be stored as a JSON string. That is checked once per pool or connect
 from __future__ import annotations
 
 import itertools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import asyncpg  # type: ignore[import-untyped]
@@ -38,6 +38,7 @@ from sqlalchemy.pool import NullPool, StaticPool
 
 from step_persistence._cancellation import run_to_completion
 from step_persistence.stores.sql.executors import Executor, Operation
+from step_persistence.stores.sql.prepared import Prepared
 
 if TYPE_CHECKING:
     from sqlalchemy.ext.asyncio import AsyncEngine
@@ -230,6 +231,10 @@ class UninterruptibleExecutor:
     async def run(self, operation: Operation[T], **options: Any) -> T:
         """`operation` as the wrapped executor runs it (`options` are its own), awaited to its end."""
         return await run_to_completion(self._executor.run(operation, **options))
+
+    async def run_statement(self, statement: Prepared, parameters: Mapping[str, Any], **options: Any) -> Any:
+        """`statement` as the wrapped executor runs it (`options` are its own), awaited to its end."""
+        return await run_to_completion(self._executor.run_statement(statement, parameters, **options))
 
     def follow_loop(self) -> None:
         self._executor.follow_loop()

@@ -53,6 +53,7 @@ from step_persistence.stores.sql.executors import (
     is_async_bind,
 )
 from step_persistence.stores.sql.naming import TableNames, table_names
+from step_persistence.stores.sql.prepared import Prepared
 
 if TYPE_CHECKING:
     import asyncpg  # type: ignore[import-untyped]
@@ -376,19 +377,38 @@ class Database:
                 operation, write=write, options=self._options, names=self.names, one_statement=one_statement
             )
         except DBAPIError as error:
-            if self.dialect_name != 'postgresql':
+            refusal = self._refusal(error)
+            if refusal is None:
                 raise
-            sqlstate = _sqlstate(error)
-            if sqlstate in _NUL_SQLSTATES or (sqlstate is None and _PSYCOPG_NUL in str(error.orig)):
-                raise ValueError(
-                    'PostgreSQL cannot store the NUL character (\\x00) in text or JSON; nothing was written '
-                    f'({error.orig})'
-                ) from error
-            if sqlstate == _OUT_OF_RANGE_SQLSTATE:
-                raise ValueError(
-                    f"a number is out of its column's range; nothing was written ({error.orig})"
-                ) from error
-            raise
+            raise refusal from error
+
+    async def run_statement(self, statement: Prepared, parameters: Mapping[str, Any], *, autocommit: bool) -> Any:
+        """The first row of `statement`, a single write atomic by itself, as an operation of its own: with
+        `autocommit` (the store owns the transaction), its own transaction without `BEGIN` or `COMMIT` (on the
+        store's own PostgreSQL engine, straight on the driver: `executors.py`); else in the caller's."""
+        self._follow_loop()
+        try:
+            return await self._executor.run_statement(
+                statement, parameters, options=self._options, names=self.names, autocommit=autocommit
+            )
+        except DBAPIError as error:
+            refusal = self._refusal(error)
+            if refusal is None:
+                raise
+            raise refusal from error
+
+    def _refusal(self, error: DBAPIError) -> ValueError | None:
+        """The `ValueError` a failed operation raises for a value PostgreSQL cannot store (`None`: raise `error`)."""
+        if self.dialect_name != 'postgresql':
+            return None
+        sqlstate = _sqlstate(error)
+        if sqlstate in _NUL_SQLSTATES or (sqlstate is None and _PSYCOPG_NUL in str(error.orig)):
+            return ValueError(
+                f'PostgreSQL cannot store the NUL character (\\x00) in text or JSON; nothing was written ({error.orig})'
+            )
+        if sqlstate == _OUT_OF_RANGE_SQLSTATE:
+            return ValueError(f"a number is out of its column's range; nothing was written ({error.orig})")
+        return None
 
     async def aclose(self) -> None:
         """Dispose of the engine if this database created it; borrowed engines, connections and sessions stay

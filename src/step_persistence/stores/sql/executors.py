@@ -16,7 +16,8 @@ synchronous SQLAlchemy `Connection` inside a transaction). An executor runs it:
   the function, `COMMIT`, check-in) runs on the engine's synchronous facade in one greenlet
   (`sqlalchemy.util.greenlet_spawn`, what `AsyncConnection.run_sync` uses); an operation that is one
   statement (`one_statement`) runs there in autocommit instead, its own transaction in one round
-  trip; on a caller's
+  trip (`run_statement` on the store's own engine: straight on a pooled DBAPI connection, without a
+  SQLAlchemy `Connection`, its autocommit restored before check-in); on a caller's
   connection, the function runs through `run_sync` inside the caller's transaction (never
   committed, rolled back or closed here); on a caller's session, on the connection of the
   session's current transaction (`await session.connection()`, which begins one if none is
@@ -41,16 +42,16 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, TypeVar
 
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.pool import StaticPool
+from sqlalchemy.pool import PoolProxiedConnection, StaticPool
 from sqlalchemy.sql import Executable
 from sqlalchemy.util import greenlet_spawn
 
 from step_persistence._cancellation import run_to_completion
 from step_persistence.stores.sql.engines import WRITE_OPTION
 from step_persistence.stores.sql.naming import DEFAULT_NAMES, TableNames
-from step_persistence.stores.sql.prepared import Prepared
+from step_persistence.stores.sql.prepared import DriverResult, Prepared
 from step_persistence.stores.sql.sqlite_writer import SqliteWriter
 
 if TYPE_CHECKING:
@@ -105,15 +106,7 @@ class Transaction:
         statement = self.names.translate(statement)
         if isinstance(statement, Prepared):
             if self.driver is not None:
-                dialect = self.connection.dialect
-                try:
-                    result = statement.run(self.driver, dialect, parameters)
-                except DBAPIError as error:
-                    orig: Any = error.orig
-                    if dialect.is_disconnect(orig, self.driver, None):
-                        error.connection_invalidated = True  # as Core does: the pool drops the connection
-                        self.connection.invalidate(orig)
-                    raise
+                result = _on_driver(statement, self.driver, self.connection.dialect, parameters, self.connection)
                 if result is not None:
                     return result
             statement = statement.statement
@@ -121,6 +114,26 @@ class Transaction:
 
 
 Operation = Callable[[Transaction], T]
+
+
+def _on_driver(
+    statement: Prepared, driver: Any, dialect: Dialect, parameters: Any, owner: Connection | PoolProxiedConnection
+) -> DriverResult | None:
+    """`statement` run on the DBAPI connection `driver` (`None`: it does not qualify, nothing ran); a
+    disconnection invalidates `owner` (its `Connection` or pooled connection), as Core does, so the pool
+    drops it."""
+    try:
+        return statement.run(driver, dialect, parameters)
+    except DBAPIError as error:
+        orig: Any = error.orig
+        if dialect.is_disconnect(orig, driver, None):
+            error.connection_invalidated = True
+            owner.invalidate(orig)
+        raise
+
+
+def _first_row(statement: Prepared, parameters: Mapping[str, Any], transaction: Transaction) -> Any:
+    return transaction.execute(statement, parameters).first()
 
 
 class Executor(Protocol):
@@ -139,6 +152,20 @@ class Executor(Protocol):
         statements run with `options` on the tables `names` names. With `one_statement` (an operation that
         executes a single statement, atomic by itself), an executor may run it in autocommit: no `BEGIN` or
         `COMMIT` of its own."""
+        ...
+
+    async def run_statement(
+        self,
+        statement: Prepared,
+        parameters: Mapping[str, Any],
+        *,
+        options: Mapping[str, Any],
+        names: TableNames = DEFAULT_NAMES,
+        autocommit: bool,
+    ) -> Any:
+        """The first row of `statement`, one write that is atomic by itself, executed with `parameters` as an
+        operation of its own (`autocommit`: with no `BEGIN` or `COMMIT` of its own where the executor can,
+        as `run(..., one_statement=True)`)."""
         ...
 
     def follow_loop(self) -> None:
@@ -173,6 +200,17 @@ class ThreadExecutor:
         if write or self._single_connection:
             return await self._writer.run(partial(_with_transaction, operation, options, names=names), write=write)
         return await self._on_a_thread(partial(_in_transaction, self._engine, operation, options, names=names))
+
+    async def run_statement(
+        self,
+        statement: Prepared,
+        parameters: Mapping[str, Any],
+        *,
+        options: Mapping[str, Any],
+        names: TableNames = DEFAULT_NAMES,
+        autocommit: bool,
+    ) -> Any:
+        return await self.run(partial(_first_row, statement, parameters), write=True, options=options, names=names)
 
     def _new_threads(self) -> ThreadPoolExecutor:
         """The read threads (started as reads need them, at most `threads` at once)."""
@@ -258,6 +296,31 @@ def _in_autocommit(
         return _with_transaction(operation, options, connection, direct=direct, names=names)
 
 
+def _first_row_in_autocommit(
+    engine: Engine, statement: Prepared, parameters: Mapping[str, Any], *, names: TableNames = DEFAULT_NAMES
+) -> Any:
+    """The first row of `statement`, run in autocommit straight on a pooled DBAPI connection of the store's own
+    engine (no `Connection`, no execution options, no `BEGIN` or `COMMIT`; the connection's autocommit is
+    restored before it goes back to the pool); through Core, as `_in_autocommit` runs it, if the statement
+    does not qualify for the driver."""
+    translated = names.translate(statement)
+    pooled = engine.raw_connection()
+    driver: Any = pooled.dbapi_connection
+    driver.autocommit = True
+    try:
+        result = _on_driver(translated, driver, engine.dialect, parameters, pooled)
+    except BaseException as error:
+        if not isinstance(error, Exception):
+            pooled.invalidate(error)  # interrupted in flight (a cancellation), as Core drops such a connection
+        raise
+    finally:
+        driver.autocommit = False
+        pooled.close()
+    if result is None:
+        return _in_autocommit(engine, partial(_first_row, statement, parameters), {}, names=names)
+    return result.first()
+
+
 class AsyncExecutor:
     """Transactions on an `AsyncEngine`, or statements in the transaction of a caller's `AsyncConnection` or
     `AsyncSession`.
@@ -281,6 +344,9 @@ class AsyncExecutor:
         """SQLite admits one writer at a time: this process's writers queue here."""
         self._uninterruptible = sqlite
         """A cancellation waits for the operation in flight instead of interrupting its statement."""
+        self._statements_on_driver = direct and engine is not None and not single_connection and not sqlite
+        """A single statement in autocommit runs straight on a pooled DBAPI connection (the store's own
+        PostgreSQL engine)."""
 
     async def run(
         self,
@@ -326,6 +392,28 @@ class AsyncExecutor:
             engine = self._bind.sync_engine
             run = _in_autocommit if one_statement else _in_transaction
             return await greenlet_spawn(run, engine, operation, options, direct=self._direct, names=names)
+
+    async def run_statement(
+        self,
+        statement: Prepared,
+        parameters: Mapping[str, Any],
+        *,
+        options: Mapping[str, Any],
+        names: TableNames = DEFAULT_NAMES,
+        autocommit: bool,
+    ) -> Any:
+        """On the store's own engine, in autocommit without execution options: checkout, the statement on the
+        DBAPI connection and check-in in one greenlet (`_first_row_in_autocommit`); otherwise as `run`."""
+        if autocommit and self._statements_on_driver and not options:
+            engine = self._bind.sync_engine  # type: ignore[union-attr]  # an engine: `_statements_on_driver`
+            return await greenlet_spawn(_first_row_in_autocommit, engine, statement, parameters, names=names)
+        return await self.run(
+            partial(_first_row, statement, parameters),
+            write=True,
+            options=options,
+            names=names,
+            one_statement=autocommit,
+        )
 
     def follow_loop(self) -> None:
         """New locks; on an engine the store built, a new pool: its connections belong to the previous loop

@@ -55,7 +55,7 @@ key used already, a head that is stale) it writes nothing, and step 2 writes the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any
@@ -73,7 +73,7 @@ from step_persistence.stores._positions import LineBase, NumberedRow, RunHead, S
 from step_persistence.stores.sql import flush_statement, rows
 from step_persistence.stores.sql.blobs import BlobWriter, StagedBlobs
 from step_persistence.stores.sql.database import Database
-from step_persistence.stores.sql.executors import Operation, Transaction
+from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.heads import Anchor, KnownHead, anchor_exists, read_head, require_key
 from step_persistence.stores.sql.prepared import Prepared
 from step_persistence.stores.sql.rows import RUN_KEY, StoredHistory
@@ -139,6 +139,29 @@ class _Flushed:
 
     run_id: str
     known: KnownHead | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _OneStatement:
+    """A flush as one statement (`FLUSH_EVENTS`, or `FLUSH_SNAPSHOT` with the snapshot's history `digests`)."""
+
+    statement: Prepared
+    parameters: dict[str, Any]
+    digests: list[str] | None = None
+
+    def flushed(self, row: Sequence[Any] | None) -> _Flushed | None:
+        """What the statement's row says it wrote (`None`: nothing, its checks failed)."""
+        run_id: str = self.parameters[RUN_KEY]
+        if self.digests is None:
+            return None if row is None or row[0] is None else _Flushed(run_id)
+        outcome = flush_statement.Outcome.of(row)
+        if outcome.run_pk is None:
+            return None
+        seq, through = outcome.seq, outcome.through
+        if not (_is_count(seq) and _is_count(through)):
+            raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
+        saved = RunHead(incarnation=outcome.run_pk, line=outcome.line, last_no=through, latest=list(self.digests))
+        return _Flushed(run_id, KnownHead(saved, Anchor(run_id=run_id, seq=seq), checked=True))
 
 
 def _is_count(value: object) -> TypeIs[int]:
@@ -272,15 +295,9 @@ class SnapshotSaves:
 
     # --- 2. in one statement (PostgreSQL) ---
 
-    def _in_one_statement(
-        self, batch: StepWrites, prepared: _Prepared
-    ) -> Callable[[Transaction], _Flushed | None] | None:
+    def _in_one_statement(self, batch: StepWrites, prepared: _Prepared) -> _OneStatement | None:
         """The flush as one statement (`flush_statement.py`), when it is the writes of one run with at most one
-        snapshot, no blob rows and no two records of one tool call; else `None` (the transaction writes it).
-
-        The operation returns what it wrote, or `None` when the statement wrote nothing (its checks failed:
-        the transaction then writes the flush).
-        """
+        snapshot, no blob rows and no two records of one tool call; else `None` (the transaction writes it)."""
         statements = self._statements
         if statements.flush_events is None or statements.flush_snapshot is None or len(batch.snapshots) > 1:
             return None
@@ -293,8 +310,9 @@ class SnapshotSaves:
             return None
         (run_id,) = runs
         parameters: dict[str, Any] = {RUN_KEY: run_id}
+        parameters |= flush_statement.events_parameters(batch.tool_effects, batch.events)
         if not batch.snapshots:
-            return partial(self._flush_events, statement=statements.flush_events, batch=batch, parameters=parameters)
+            return _OneStatement(statements.flush_events, parameters)
         snapshot = batch.snapshots[0]
         known = prepared.heads.get(run_id)
         if known is None or known.head.incarnation is None or (known.head.line is not None and known.anchor is None):
@@ -326,15 +344,9 @@ class SnapshotSaves:
             snapshot_digest=history_digest(digests),
             keep_older=None if self._max_snapshots is None else self._max_snapshots - 1,
         )
-        return partial(
-            self._flush_snapshot,
-            statement=statements.flush_snapshot,
-            batch=batch,
-            parameters=parameters,
-            digests=digests,
-        )
+        return _OneStatement(statements.flush_snapshot, parameters, digests)
 
-    async def _flush_in_one_statement(self, flush: Operation[_Flushed | None]) -> _Flushed | None:
+    async def _flush_in_one_statement(self, flush: _OneStatement) -> _Flushed | None:
         """Run the statement: in autocommit on an engine; in a caller's transaction, as one of its statements
         (on a caller's asyncpg connection, in a savepoint of it). `None`: it wrote nothing.
 
@@ -344,38 +356,12 @@ class SnapshotSaves:
         """
         autocommit = not self._db.in_caller_transaction
         try:
-            return await self._db.run(flush, write=True, one_statement=autocommit)
+            row = await self._db.run_statement(flush.statement, flush.parameters, autocommit=autocommit)
         except IntegrityError as error:
             if autocommit and getattr(error.orig, 'sqlstate', None) == _FOREIGN_KEY_VIOLATION:
                 return None
             raise
-
-    @staticmethod
-    def _flush_events(
-        transaction: Transaction, statement: Prepared, batch: StepWrites, parameters: dict[str, Any]
-    ) -> _Flushed | None:
-        every = parameters | flush_statement.events_parameters(batch.tool_effects, batch.events)
-        row = transaction.execute(statement, every).first()
-        return None if row is None or row[0] is None else _Flushed(parameters[RUN_KEY])
-
-    @staticmethod
-    def _flush_snapshot(
-        transaction: Transaction,
-        statement: Prepared,
-        batch: StepWrites,
-        parameters: dict[str, Any],
-        digests: list[str],
-    ) -> _Flushed | None:
-        every = parameters | flush_statement.events_parameters(batch.tool_effects, batch.events)
-        outcome = flush_statement.Outcome.of(transaction.execute(statement, every).first())
-        if outcome.run_pk is None:
-            return None
-        run_id: str = parameters[RUN_KEY]
-        seq, through = outcome.seq, outcome.through
-        if not (_is_count(seq) and _is_count(through)):
-            raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
-        saved = RunHead(incarnation=outcome.run_pk, line=outcome.line, last_no=through, latest=list(digests))
-        return _Flushed(run_id, KnownHead(saved, Anchor(run_id=run_id, seq=seq), checked=True))
+        return flush.flushed(row)
 
     # --- 3. inside the transaction ---
 
