@@ -9,8 +9,13 @@ pydantic-ai alone makes.
 
 from __future__ import annotations
 
+import json
+import re
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -41,6 +46,7 @@ from support.scripted import calls, scripted, text
 pytestmark = pytest.mark.anyio
 
 NAMESPACE = 'step_persistence.'
+OBSERVABILITY = Path(__file__).resolve().parents[2] / 'docs' / 'observability.md'
 
 
 class Traces:
@@ -105,6 +111,11 @@ async def run_and_continue(orchestrator: Agent[None, str], store: StepStore, con
     await orchestrator.run('again', message_history=history, conversation_id=conversation_id)
 
 
+def documented_attributes() -> set[str]:
+    """The attribute names docs/observability.md's table lists."""
+    return set(re.findall(r'^\| `(step_persistence\.[a-z_.]+)` \|', OBSERVABILITY.read_text(), re.MULTILINE))
+
+
 def by_run(spans: Sequence[ReadableSpan]) -> dict[str, list[ReadableSpan]]:
     grouped: dict[str, list[ReadableSpan]] = {}
     for span in spans:
@@ -166,6 +177,8 @@ async def test_the_record_is_on_the_run_model_request_and_tool_spans(make_store:
     [child_of_first] = [record for record in records if record.parent_run_id == first.run_id]
     assert child_of_first.agent_name == 'librarian'
 
+    assert set().union(*(ours(span) for span in traces.spans())) == documented_attributes()
+
     # An uninstrumented run inside the application's own span leaves that span alone.
     traces.exporter.clear()
     with traces.provider.get_tracer('application').start_as_current_span('request'):
@@ -175,8 +188,8 @@ async def test_the_record_is_on_the_run_model_request_and_tool_spans(make_store:
     assert len(await store.list_runs(conversation_id='conv-2')) == 1
 
 
-async def test_with_span_attributes_off_the_spans_are_pydantic_ais_own() -> None:
-    store = InMemoryStepStore()
+async def test_with_span_attributes_off_the_spans_are_pydantic_ais_own(make_store: StoreMaker) -> None:
+    store = await make_store()
     with_attributes, without = Traces(), Traces()
     await run_and_continue(agents(store, with_attributes), store, 'on')
     await run_and_continue(agents(store, without, span_attributes=False), store, 'off')
@@ -214,3 +227,98 @@ async def test_a_failed_call_and_the_failure_snapshot_are_on_their_spans() -> No
     latest = await store.latest_snapshot(run_id=record.run_id, include_interrupted=True)
     assert latest is not None and latest.state == 'interrupted'
     assert (ours(run_span)[SNAPSHOT_SEQ], ours(run_span)[SNAPSHOT_STATE]) == (latest.seq, 'interrupted')
+
+
+def test_the_documented_names_are_the_ones_set_and_stay_as_they_are() -> None:
+    """docs/observability.md promises these names; renaming one breaks every dashboard built on it."""
+    constants = {
+        CONVERSATION_ID,
+        ORIGIN_KIND,
+        ORIGIN_RUN_ID,
+        ORIGIN_SEQ,
+        PARENT_RUN_ID,
+        RUN_ID,
+        SNAPSHOT_SEQ,
+        SNAPSHOT_STATE,
+        STEP_INDEX,
+        TOOL_EFFECT_IDEMPOTENCY_KEY,
+        TOOL_EFFECT_STATUS,
+    }
+    assert (
+        documented_attributes()
+        == constants
+        == {
+            'step_persistence.run_id',
+            'step_persistence.conversation_id',
+            'step_persistence.parent_run_id',
+            'step_persistence.origin.kind',
+            'step_persistence.origin.run_id',
+            'step_persistence.origin.seq',
+            'step_persistence.step_index',
+            'step_persistence.snapshot.seq',
+            'step_persistence.snapshot.state',
+            'step_persistence.tool_effect.status',
+            'step_persistence.tool_effect.idempotency_key',
+        }
+    )
+
+
+INSTRUMENT_TRUE = """
+import asyncio, json
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.models.function import FunctionModel
+from step_persistence import InMemoryStepStore, StepPersistence
+
+exporter = InMemorySpanExporter()
+provider = TracerProvider()
+provider.add_span_processor(SimpleSpanProcessor(exporter))
+trace.set_tracer_provider(provider)  # the global provider, which instrument=True uses
+
+
+def model(messages, info):
+    if len(messages) == 1:
+        return ModelResponse(parts=[ToolCallPart('lookup', {'key': 'a'}, 'call-1')])
+    return ModelResponse(parts=[TextPart('found it')])
+
+
+async def main():
+    store = InMemoryStepStore()
+    agent = Agent(FunctionModel(model), capabilities=[StepPersistence(store=store)])
+    agent.instrument = True  # pydantic-ai 2's spelling of Agent(instrument=True)
+
+    @agent.tool_plain
+    def lookup(key: str) -> str:
+        return key
+
+    result = await agent.run('look it up', conversation_id='c')
+    latest = await store.latest_snapshot(run_id=result.run_id)
+    spans = []
+    for span in exporter.get_finished_spans():
+        ours = {name: value for name, value in span.attributes.items() if name.startswith('step_persistence.')}
+        spans.append([span.attributes.get('gen_ai.operation.name'), ours])
+    print(json.dumps({'run_id': result.run_id, 'seq': latest.seq, 'spans': spans}))
+
+
+asyncio.run(main())
+"""
+
+
+def test_an_agent_instrumented_with_true_gets_the_attributes() -> None:
+    """`agent.instrument = True` (the issue's `Agent(instrument=True)`: pydantic-ai 2 takes it as an attribute)
+    traces to the global tracer provider, which a test process cannot set twice: the run is made in a
+    process of its own."""
+    completed = subprocess.run([sys.executable, '-c', INSTRUMENT_TRUE], capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    found = json.loads(completed.stdout)
+    spans: dict[str, dict[str, Any]] = {operation: attributes for operation, attributes in found['spans']}
+    assert set(spans) == {'invoke_agent', 'chat', 'execute_tool'}
+    assert spans['invoke_agent'][RUN_ID] == found['run_id']
+    assert spans['invoke_agent'][CONVERSATION_ID] == 'c'
+    assert (spans['invoke_agent'][SNAPSHOT_SEQ], spans['invoke_agent'][SNAPSHOT_STATE]) == (found['seq'], 'complete')
+    assert spans['execute_tool'][TOOL_EFFECT_STATUS] == 'completed'
+    assert spans['chat'][RUN_ID] == found['run_id']
