@@ -113,8 +113,10 @@ def build_delegating_agent(
 
     `delegate` has the default in-flight policy (`fail`): its run is a child workflow, so a resumed parent
     runs it again and the delegate replays its own units. `desk.model` counts the parent's requests.
+    A `lease_duration` option is both agents' lease.
     """
     orders_agent = build_agent(store, orders, **options)
+    lease = {key: options[key] for key in ('lease_duration',) if key in options}
 
     async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         desk.model += 1
@@ -135,5 +137,5 @@ def build_delegating_agent(
         name=DESK_NAME,
         tools=[delegate],
         output_type=[str, DeferredToolRequests],
-        capabilities=[StepPersistence(store), StepDurability(store)],
+        capabilities=[StepPersistence(store), StepDurability(store, **lease)],
     )

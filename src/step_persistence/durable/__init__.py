@@ -17,18 +17,26 @@ if TYPE_CHECKING:
         CodeVersionMismatchError,
         DurableReplayError,
         InFlightUnitError,
+        LeaseLostError,
         ReplayDivergedError,
+        WorkflowHeldError,
     )
     from step_persistence.durable.journals import journal_for
     from step_persistence.durable.policies import InFlightPolicy
     from step_persistence.durable.protocol import JournalStore
-    from step_persistence.durable.records import DurableUnit, WorkflowRecord
+    from step_persistence.durable.records import DurableUnit, Fence, WorkflowRecord
+    from step_persistence.durable.recovery import Recovery, recover_abandoned
 
 _MODULES: dict[str, str] = {
     'CodeVersionMismatchError': 'step_persistence.durable.errors',
     'DurableReplayError': 'step_persistence.durable.errors',
     'InFlightPolicy': 'step_persistence.durable.policies',
     'InFlightUnitError': 'step_persistence.durable.errors',
+    'LeaseLostError': 'step_persistence.durable.errors',
+    'WorkflowHeldError': 'step_persistence.durable.errors',
+    'Fence': 'step_persistence.durable.records',
+    'Recovery': 'step_persistence.durable.recovery',
+    'recover_abandoned': 'step_persistence.durable.recovery',
     'ReplayDivergedError': 'step_persistence.durable.errors',
     'StepDurability': 'step_persistence.durable.engine',
     'DurableUnit': 'step_persistence.durable.records',
@@ -42,14 +50,19 @@ __all__ = [
     'CodeVersionMismatchError',
     'DurableReplayError',
     'DurableUnit',
+    'Fence',
     'InFlightPolicy',
     'InFlightUnitError',
     'JournalStore',
+    'LeaseLostError',
+    'Recovery',
     'ReplayDivergedError',
     'StepDurability',
+    'WorkflowHeldError',
     'WorkflowRecord',
     'child_workflow_id',
     'journal_for',
+    'recover_abandoned',
 ]
 
 

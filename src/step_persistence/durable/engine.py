@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 
 from step_persistence._cancellation import run_to_completion
 from step_persistence._replay import DURABLE_RUN, DurableRun
 from step_persistence.capability import StepPersistence
 from step_persistence.durable.children import DELEGATING_UNIT
-from step_persistence.durable.errors import CodeVersionMismatchError, ReplayDivergedError
+from step_persistence.durable.errors import CodeVersionMismatchError, LeaseLostError, ReplayDivergedError
 from step_persistence.durable.fingerprints import inputs_fingerprint
 from step_persistence.durable.journals import journal_for
+from step_persistence.durable.leases import DEFAULT_LEASE, Clock, Lease, begin_workflow
 from step_persistence.durable.policies import METADATA_KEY, InFlightPolicy, check_policy
+from step_persistence.durable.protocol import JournalStore
 from step_persistence.durable.records import WorkflowRecord
 from step_persistence.durable.workflow import ACTIVE_WORKFLOW, ActiveWorkflow
 from step_persistence.protocol import StepStore
-from step_persistence.records import StepWrites
+from step_persistence.records import StepWrites, utc_now
 
 try:
     from pydantic_ai.durable_exec import (
@@ -62,9 +65,16 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
     ends with `DeferredToolRequests` for it, carrying the ledger's idempotency key and effect summary).
 
     `code_version` is recorded with the workflow; a replay under another one raises
-    `CodeVersionMismatchError` unless `allow_code_version_change`. Toolsets need an `id`, and the agent a
-    `name` (they name the units). Put `StepPersistence` on the same agent with the same store to record
-    the run as well: its writes are passed through, and a replayed run leaves one record.
+    `CodeVersionMismatchError` unless `allow_code_version_change`.
+
+    A run holds its workflow's lease for `lease_duration`, renewed by a heartbeat while it runs; a run
+    of a workflow whose lease another live process holds raises `WorkflowHeldError`, and a run whose
+    lease was lost (claimed by another process after it expired) stops at its next unit with
+    `LeaseLostError`. `clock` gives the time leases are compared with (for tests).
+
+    Toolsets need an `id`, and the agent a `name` (they name the units). Put `StepPersistence` on the
+    same agent with the same store to record the run as well: its writes are passed through, and a
+    replayed run leaves one record.
     """
 
     engine_spec = DurabilityEngineSpec(
@@ -85,13 +95,19 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         in_flight_tools: InFlightPolicy = 'fail',
         name: str | None = None,
         models: Mapping[str, Model] | None = None,
+        lease_duration: timedelta = DEFAULT_LEASE,
+        clock: Clock = utc_now,
     ) -> None:
         super().__init__(models=models, name=name)
+        if not isinstance(lease_duration, timedelta) or lease_duration <= timedelta(0):
+            raise ValueError(f'lease_duration must be a positive timedelta, not {lease_duration!r}')
         journal_for(store)  # a store without a journal is refused here, not at the first run
         self.store = store
         self.code_version = code_version
         self.allow_code_version_change = allow_code_version_change
         self.in_flight_tools = check_policy(in_flight_tools, 'in_flight_tools')
+        self.lease_duration = lease_duration
+        self.clock = clock
         self._backend: JournalBackend | None = None
         self._recorders: frozenset[str] = frozenset()
         """The `id`s of the agent's `StepPersistence` capabilities, whose operations are not journaled."""
@@ -167,19 +183,43 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         parent = DELEGATING_UNIT.get()
         if parent is not None:
             inputs['parent'] = parent.as_parent()
-        record = await journal.start_workflow(
+        record, lease = await begin_workflow(
+            journal,
             WorkflowRecord(
                 workflow_id=workflow_id,
                 agent_name=self.name,
                 run_id=workflow_id,
                 code_version=self.code_version,
                 inputs=inputs,
-            )
+            ),
+            duration=self.lease_duration,
+            clock=self.clock,
+            take_over=parent is not None,
         )
-        if record.attempts > 1:
-            self._check_replayable(record, inputs)
-        units = await journal.list_units(workflow_id=workflow_id)
-        workflow = ActiveWorkflow(journal=journal, record=record, stored={unit.unit_key: unit for unit in units})
+        async with lease.heartbeat():
+            return await self._run_holding(ctx, handler, journal, record, lease, inputs)
+
+    async def _run_holding(
+        self,
+        ctx: RunContext[AgentDepsT],
+        handler: WrapRunHandler,
+        journal: JournalStore,
+        record: WorkflowRecord,
+        lease: Lease,
+        inputs: dict[str, Any],
+    ) -> AgentRunResult[Any]:
+        """Run the workflow `record` holding `lease`: replay and journal its units, end it (fenced)."""
+        workflow_id = record.workflow_id
+        try:
+            if record.attempts > 1:
+                self._check_replayable(record, inputs)
+            units = await journal.list_units(workflow_id=workflow_id)
+        except BaseException:
+            await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence))
+            raise
+        workflow = ActiveWorkflow(
+            journal=journal, record=record, stored={unit.unit_key: unit for unit in units}, lease=lease
+        )
         durable = DurableRun(
             run_id=workflow_id,
             started_at=record.created_at,
@@ -196,7 +236,12 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             with replay_scope():
                 result = await super().wrap_run(ctx, handler=handler)
         except BaseException:
-            await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed'))
+            try:
+                await run_to_completion(
+                    journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence)
+                )
+            except LeaseLostError:  # another process resumes it: its status is that process's to set
+                logger.warning('durable workflow %r: not marked failed, this run lost its lease', workflow_id)
             raise
         finally:
             DELEGATING_UNIT.reset(delegating_token)
@@ -211,7 +256,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
                 counts.executed,
                 counts.rerun,
             )
-        await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='completed'))
+        await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='completed', fence=lease.fence))
         return result
 
     def _check_replayable(self, record: WorkflowRecord, inputs: dict[str, Any]) -> None:

@@ -14,9 +14,10 @@ from step_persistence._replay import InFlightCallRefused
 from step_persistence.durable.children import DELEGATING_UNIT, DelegatingUnit, child_workflow_id
 from step_persistence.durable.errors import InFlightUnitError, ReplayDivergedError
 from step_persistence.durable.fingerprints import MessageDigests
+from step_persistence.durable.leases import Lease
 from step_persistence.durable.policies import METADATA_KEY, UnitPolicy
 from step_persistence.durable.protocol import JournalStore
-from step_persistence.durable.records import DurableUnit, UnitKind, WorkflowRecord
+from step_persistence.durable.records import DurableUnit, Fence, UnitKind, WorkflowRecord
 from step_persistence.records import utc_now
 
 __all__ = ['ACTIVE_WORKFLOW', 'ActiveWorkflow', 'UnitCounts']
@@ -41,6 +42,8 @@ class ActiveWorkflow:
     journal: JournalStore
     record: WorkflowRecord
     stored: Mapping[str, DurableUnit]
+    lease: Lease | None = None
+    """The lease the run holds: its writes are fenced by it, and it starts no unit once the lease is lost."""
     counts: UnitCounts = field(default_factory=UnitCounts)
     digests: MessageDigests = field(default_factory=MessageDigests)
     _ordinals: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int])
@@ -48,6 +51,10 @@ class ActiveWorkflow:
     @property
     def workflow_id(self) -> str:
         return self.record.workflow_id
+
+    @property
+    def _fence(self) -> Fence | None:
+        return None if self.lease is None else self.lease.fence
 
     def unit_key(self, name: str, discriminator: str) -> str:
         """`<name>#<discriminator>#<ordinal>`: the same for the same unit of every replay."""
@@ -68,6 +75,8 @@ class ActiveWorkflow:
         describe: str,
     ) -> object:
         """The unit's recorded result if it completed, else its body's, journaled `started` first."""
+        if self.lease is not None:
+            await self.lease.check()
         stored = self.stored.get(key)
         if stored is not None and stored.status == 'completed':
             if fingerprint is not None and stored.fingerprint is not None and stored.fingerprint != fingerprint:
@@ -90,7 +99,7 @@ class ActiveWorkflow:
             fingerprint=fingerprint,
         )
         # To its end, so that a body never runs before its `started` record is stored.
-        await run_to_completion(self.journal.record_unit(started))
+        await run_to_completion(self.journal.record_unit(started, fence=self._fence))
         self.counts.executed += 1
         # A delegate run started in a tool's body is a child workflow of this unit (`durable/children.py`).
         delegating = None if tool_call_id is None else DelegatingUnit(self.workflow_id, key, tool_call_id)
@@ -103,12 +112,12 @@ class ActiveWorkflow:
             raise
         except BaseException as error:
             failed = started.model_copy(update={'status': 'failed', 'error': repr(error), 'ended_at': utc_now()})
-            await run_to_completion(self.journal.record_unit(failed))
+            await run_to_completion(self.journal.record_unit(failed, fence=self._fence))
             raise
         finally:
             DELEGATING_UNIT.reset(token)
         completed = started.model_copy(update={'status': 'completed', 'result': result, 'ended_at': utc_now()})
-        await run_to_completion(self.journal.record_unit(completed))
+        await run_to_completion(self.journal.record_unit(completed, fence=self._fence))
         return result
 
     async def _decide_in_flight(self, key: str, policy: UnitPolicy, *, describe: str, tool_call_id: str | None) -> None:

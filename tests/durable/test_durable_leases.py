@@ -1,0 +1,165 @@
+"""Leases in one process: a live run's heartbeat keeps its workflow, a lost lease stops the run, a held one is refused.
+
+Processes that crash and are recovered, and two racing to recover one workflow, are in
+tests/durable/test_durable_crash.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from step_persistence import InMemoryStepStore, StepStore
+from step_persistence.durable import (
+    LeaseLostError,
+    WorkflowHeldError,
+    WorkflowRecord,
+    journal_for,
+    recover_abandoned,
+)
+from step_persistence.records import utc_now
+from support.backends import BACKENDS
+from support.durable_agents import AGENT_NAME, Calls, build_agent
+
+pytestmark = pytest.mark.anyio
+
+WAIT_LIMIT = 2000
+LEASE = timedelta(seconds=0.3)
+
+
+@pytest.fixture(params=['file', 'memory', 'mongo', 'postgres', 'sqlite'])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StepStore]:
+    async with BACKENDS[request.param].open(request) as session:
+        yield await session.make()
+
+
+async def _wait_until(condition: Callable[[], Any]) -> None:
+    for _ in range(WAIT_LIMIT):
+        if await condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError('the condition never held')
+
+
+async def _workflow(store: StepStore) -> WorkflowRecord:
+    workflow = await journal_for(store).get_workflow(workflow_id='order-1')
+    assert workflow is not None
+    return workflow
+
+
+def _hold_inside_charge(calls: Calls) -> tuple[asyncio.Event, asyncio.Event]:
+    """Make `charge` wait inside its body: (set once it is inside, set to let it return)."""
+    inside, release = asyncio.Event(), asyncio.Event()
+
+    async def hold() -> None:
+        inside.set()
+        await release.wait()
+
+    calls.hooks['charge'] = hold
+    return inside, release
+
+
+async def test_a_heartbeat_keeps_a_slow_run_from_being_claimed(store: StepStore) -> None:
+    calls = Calls()
+    inside, release = _hold_inside_charge(calls)
+    run = asyncio.create_task(build_agent(store, calls, lease_duration=LEASE).run('two items', run_id='order-1'))
+    await inside.wait()
+    first = await _workflow(store)
+    assert first.lease_expires_at is not None and first.owner is not None
+
+    async def renewed_past_two_leases() -> bool:
+        current = await _workflow(store)
+        assert current.lease_expires_at is not None
+        return current.lease_expires_at > first.lease_expires_at + 2 * LEASE  # type: ignore[operator]
+
+    await _wait_until(renewed_past_two_leases)  # the run outlived its first lease twice over
+    assert await recover_abandoned(store, agents=[build_agent(store, Calls())]) == []
+    now = utc_now()
+    refused = await journal_for(store).claim_workflow(
+        workflow_id='order-1', owner='another process', lease_expires_at=now + LEASE, now=now
+    )
+    assert refused is not None and (refused.owner, refused.fencing_epoch) == (first.owner, first.fencing_epoch)
+    release.set()
+    assert (await run).output == 'done: reserve=reserved A-1, charge=charged 1250'
+    assert (calls.model, calls.tools['charge']) == (2, 1)
+    ended = await _workflow(store)
+    assert (ended.status, ended.owner, ended.lease_expires_at) == ('completed', None, None)
+
+
+async def test_a_run_that_lost_its_lease_stops_at_its_next_unit(store: StepStore) -> None:
+    calls = Calls()
+    inside, release = _hold_inside_charge(calls)
+    run = asyncio.create_task(build_agent(store, calls, lease_duration=LEASE).run('two items', run_id='order-1'))
+    await inside.wait()
+    held = await _workflow(store)
+    later = utc_now() + timedelta(hours=1)  # another process, whose clock says the lease expired long ago
+    taken = await journal_for(store).claim_workflow(
+        workflow_id='order-1', owner='another process', lease_expires_at=later + LEASE, now=later
+    )
+    assert taken is not None and (taken.owner, taken.fencing_epoch) == ('another process', held.fencing_epoch + 1)
+    release.set()
+    with pytest.raises(LeaseLostError, match='no longer holds its lease'):
+        await run
+    assert calls.model == 1  # the run stopped: its next model request never ran
+    units = {unit.tool_call_id: unit.status for unit in await journal_for(store).list_units(workflow_id='order-1')}
+    assert units['call-charge'] == 'started'  # its completion was refused: the new owner decides it
+    after = await _workflow(store)
+    assert (after.status, after.owner, after.fencing_epoch) == ('running', 'another process', taken.fencing_epoch)
+
+
+async def test_a_workflow_a_live_run_holds_is_refused() -> None:
+    store = InMemoryStepStore()
+    calls = Calls()
+    inside, release = _hold_inside_charge(calls)
+    run = asyncio.create_task(build_agent(store, calls).run('two items', run_id='order-1'))
+    await inside.wait()
+    second = Calls()
+    with pytest.raises(WorkflowHeldError, match="'order-1' is being run by"):
+        await build_agent(store, second).run('two items', run_id='order-1')
+    assert (second.model, sum(second.tools.values())) == (0, 0)
+    release.set()
+    await run
+    assert (await _workflow(store)).status == 'completed'
+
+
+async def test_an_expired_lease_is_taken_by_the_next_run() -> None:
+    """A lease its holder never released (its process died) is taken by the next run once it expired, not before."""
+    store = InMemoryStepStore()
+    journal = journal_for(store)
+    await build_agent(store, Calls()).run('two items', run_id='order-1')
+    expired = utc_now() - timedelta(seconds=1)
+    gone = await journal.claim_workflow(
+        workflow_id='order-1', owner='gone', lease_expires_at=expired, now=expired - LEASE
+    )
+    assert gone is not None and gone.owner == 'gone'
+    clock_before_expiry = lambda: expired - timedelta(microseconds=1)  # noqa: E731
+    with pytest.raises(WorkflowHeldError, match="'gone'"):
+        await build_agent(store, Calls(), clock=clock_before_expiry).run('two items', run_id='order-1')
+    again = Calls()
+    result = await build_agent(store, again).run('two items', run_id='order-1')
+    assert result.output == 'done: reserve=reserved A-1, charge=charged 1250'
+    assert (again.model, sum(again.tools.values())) == (0, 0)  # replayed
+    taken = await _workflow(store)
+    assert (taken.fencing_epoch, taken.owner, taken.status) == (gone.fencing_epoch + 1, None, 'completed')
+
+
+async def test_recovery_skips_what_it_cannot_resume() -> None:
+    store = InMemoryStepStore()
+    journal = journal_for(store)
+    await journal.start_workflow(WorkflowRecord(workflow_id='unknown-agent', agent_name='billing'))
+    await journal.start_workflow(WorkflowRecord(workflow_id='history', agent_name=AGENT_NAME, inputs={'prompt': None}))
+    recoveries = await recover_abandoned(store, agents=[build_agent(store, Calls())])
+    assert [(each.workflow_id, each.outcome) for each in recoveries] == [
+        ('unknown-agent', 'skipped'),
+        ('history', 'skipped'),
+    ]
+    assert "no agent named 'billing'" in (recoveries[0].detail or '')
+    for workflow_id in ('unknown-agent', 'history'):
+        stored = await journal.get_workflow(workflow_id=workflow_id)
+        assert stored is not None and (stored.owner, stored.fencing_epoch) == (None, 0)  # not claimed
+    with pytest.raises(ValueError, match='two agents are named'):
+        await recover_abandoned(store, agents=[build_agent(store, Calls()), build_agent(store, Calls())])
