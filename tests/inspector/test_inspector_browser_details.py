@@ -1,8 +1,8 @@
 """What each page shows, read in a real browser (headless Chromium), on records written through the protocol
 with known times, tokens and parts: every cell of a run's row and every status badge, the timeline's
 durations, models, tokens, arguments, results and ledger statuses, the copy buttons, every kind of
-message part (long ones collapsed, images from the media store inline, other media as links), and
-pages that keep to the Content-Security-Policy.
+message part (long ones collapsed, images from the media store inline, other media as links),
+pages that keep to the Content-Security-Policy, and a visit with a token.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import BrowserContext, ConsoleMessage, Error, Page, expect
+from playwright.sync_api import Browser, BrowserContext, ConsoleMessage, Error, Page, expect
 from pydantic_ai.messages import (
     BinaryContent,
     ModelMessage,
@@ -28,7 +28,15 @@ from pydantic_ai.messages import (
     UserPromptPart,
 )
 
-from step_persistence import ContinuableSnapshot, RunRecord, SqliteStepStore, StepEvent, StepStore, ToolEffectRecord
+from step_persistence import (
+    ContinuableSnapshot,
+    InMemoryStepStore,
+    RunRecord,
+    SqliteStepStore,
+    StepEvent,
+    StepStore,
+    ToolEffectRecord,
+)
 from step_persistence.inspector.media import blob_digest
 from step_persistence.inspector.pages import when
 from step_persistence.protocol import write_steps
@@ -36,6 +44,7 @@ from step_persistence.records import StepWrites, TokenUsage, utc_now
 from support.inspector_scenario import CHART_HEIGHT, CHART_WIDTH, png
 from support.inspector_server import Served, serving
 
+TOKEN = 'a-token-the-browser-is-given-once'
 T0 = (utc_now() - timedelta(hours=1)).replace(microsecond=0)
 PDF = b'%PDF-1.4 a report on latency'
 LONG = '\n'.join(f'line {number} of the summary' for number in range(40))
@@ -149,6 +158,13 @@ def shown(database: Path) -> Iterator[Served[None]]:
     with serving(
         lambda: SqliteStepStore(database, media_threshold_bytes=1), _fill, store_url=f'sqlite:///{database}'
     ) as served:
+        yield served
+
+
+@pytest.fixture(scope='module')
+def guarded() -> Iterator[Served[None]]:
+    """The same records in a memory store, served with a token."""
+    with serving(InMemoryStepStore, _fill, token=TOKEN) as served:
         yield served
 
 
@@ -280,3 +296,22 @@ def test_no_page_breaks_the_content_security_policy_which_the_browser_enforces(p
     )
     assert violated == 'script-src-elem' or violated.startswith('script-src')
     assert page.evaluate('window.__inline') is None
+
+
+def test_the_token_is_taken_once_then_a_cookie_scripts_cannot_read_carries_the_visit(
+    page: Page, context: BrowserContext, browser: Browser, guarded: Served[None]
+) -> None:
+    page.goto(guarded.url + f'?token={TOKEN}')
+    expect(page.locator('tr.run-row[data-run-id="done-run"]')).to_be_visible()
+    assert page.url == guarded.url, 'the token left the address bar'
+    page.locator('tr.run-row[data-run-id="done-run"] a.run-id').click()
+    expect(page.locator('h1 .run-id')).to_have_text('done-run')
+    [cookie] = context.cookies()
+    assert cookie['httpOnly'] and cookie.get('sameSite') == 'Strict' and TOKEN not in cookie['value']
+    assert page.evaluate('document.cookie') == ''
+    stranger = browser.new_context()
+    try:
+        refused = stranger.new_page().goto(guarded.url + 'run?id=done-run')
+        assert refused is not None and refused.status == 401
+    finally:
+        stranger.close()

@@ -4,6 +4,7 @@ strict headers, and stored media that cannot run as a page of the inspector's or
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx2
 import pytest
@@ -139,3 +140,26 @@ async def test_create_app_checks_its_arguments(store: StepStore) -> None:
         create_app(store, allowed_hosts='localhost')
     with pytest.raises(ValueError, match='refresh_seconds'):
         create_app(store, refresh_seconds=0)
+
+
+class _Unreachable(InMemoryStepStore):
+    """A store whose reads fail the way a lost database connection does, naming its URL."""
+
+    async def list_runs(self, **filters: Any) -> list[RunRecord]:
+        raise ConnectionError('could not reach postgresql://inspector:hunter2-secret@db.internal/runs')
+
+    async def get_run(self, *, run_id: str) -> RunRecord | None:
+        raise ConnectionError('could not reach postgresql://inspector:hunter2-secret@db.internal/runs')
+
+
+async def test_a_store_that_cannot_be_read_gives_a_503_page_without_its_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with client(_Unreachable()) as http:
+        for path in ('/', '/run?id=r', '/run/state?id=r', '/conversation?id=c'):
+            response = await http.get(path)
+            assert response.status_code == 503, path
+            assert 'hunter2-secret' not in response.text and 'db.internal' in response.text, path
+            assert response.headers['content-security-policy'] == CONTENT_SECURITY_POLICY
+    assert 'the inspector could not read the store' in caplog.text
+    assert 'hunter2-secret' not in caplog.text, 'nor in the log'

@@ -11,13 +11,14 @@
 | `/static/...` | the stylesheet and the one script, packaged with the wheel |
 
 Ids travel in query strings, so any stored id (slashes, spaces, markup) makes a working link. The
-store is only read. A store that cannot be read gives a 503 page with the error (passwords
-redacted); a bad parameter, 400.
+store is only read. A store that cannot be read gives a 503 page with the error, and logs its
+traceback (passwords redacted in both); a bad parameter, 400.
 """
 
 from __future__ import annotations
 
 import logging
+import traceback
 from collections.abc import Awaitable, Callable, Collection
 from typing import Any
 
@@ -94,7 +95,9 @@ class _Inspector:
             except HTTPException:
                 raise
             except Exception as error:
-                logger.exception('the inspector could not read the store')
+                # The traceback goes to the log as text, redacted: a driver's error can hold the store's URL.
+                logged = redact_text(''.join(traceback.format_exception(error)))
+                logger.error('the inspector could not read the store:\n%s', logged)
                 message = redact_text(f'{type(error).__name__}: {error}')
                 return self.page(request, 'error.html', 503, title='The store could not be read', message=message)
 
