@@ -2,7 +2,10 @@
 
     cd benchmarks && uv run python capability_cost.py [--steps 10 50 200] [--rounds 9]
                                                        [--compare BEFORE_SRC AFTER_SRC [--processes 4]]
-                                                       [--profile K]
+                                                       [--profile K] [--backend memory|postgres]
+
+`--backend postgres`: on one `PostgresStepStore` (its own engine, on a throwaway cluster as `make
+bench` starts) for every run instead, so the figure is the capability and the store together.
 
 The agent is `bench.lookup_agent` (a FunctionModel calling one tool per step, K times, then
 answering). A round runs, for each K, the agent without capabilities and with
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
 import gc
 import json
@@ -36,22 +40,35 @@ import pstats
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
 
 
-def _measure(steps_list: list[int], rounds: int) -> dict[str, dict[str, list[float]]]:
+@contextlib.asynccontextmanager
+async def _store(backend: str) -> AsyncIterator[Callable[[], Any]]:
+    """What each run's capability writes to: a new memory store per run, or one PostgreSQL store for all."""
+    from step_persistence import InMemoryStepStore, PostgresStepStore
+
+    if backend == 'memory':
+        yield InMemoryStepStore
+        return
+    from bench import servers
+
+    with tempfile.TemporaryDirectory() as root, servers(Path(root), postgres=True, mongo=False) as found:
+        async with PostgresStepStore(found.postgres_url(await found.create_database())) as store:
+            yield lambda: store
+
+
+def _measure(steps_list: list[int], rounds: int, backend: str) -> dict[str, dict[str, list[float]]]:
     """CPU seconds of each run: `{str(K): {'none': [...], 'with': [...]}}`."""
     from bench import run_agent
 
-    from step_persistence import InMemoryStepStore, StepPersistence
-
-    def capability() -> list[Any]:
-        return [StepPersistence(store=InMemoryStepStore(), agent_name='bench')]
+    from step_persistence import StepPersistence
 
     async def timed(steps: int, capabilities: Callable[[], list[Any]]) -> float:
         gc.collect()
@@ -60,15 +77,20 @@ def _measure(steps_list: list[int], rounds: int) -> dict[str, dict[str, list[flo
         return time.process_time() - started
 
     async def main() -> dict[str, dict[str, list[float]]]:
-        for _ in range(3):  # warm-up: adapters, validators, caches
-            await run_agent(5, [])
-            await run_agent(5, capability())
-        found: dict[str, dict[str, list[float]]] = {str(k): {'none': [], 'with': []} for k in steps_list}
-        for _ in range(rounds):
-            for steps in steps_list:
-                found[str(steps)]['none'].append(await timed(steps, list))
-                found[str(steps)]['with'].append(await timed(steps, capability))
-        return found
+        async with _store(backend) as store:
+
+            def capability() -> list[Any]:
+                return [StepPersistence(store=store(), agent_name='bench')]
+
+            for _ in range(3):  # warm-up: adapters, validators, caches (and the store's tables and connections)
+                await run_agent(5, [])
+                await run_agent(5, capability())
+            found: dict[str, dict[str, list[float]]] = {str(k): {'none': [], 'with': []} for k in steps_list}
+            for _ in range(rounds):
+                for steps in steps_list:
+                    found[str(steps)]['none'].append(await timed(steps, list))
+                    found[str(steps)]['with'].append(await timed(steps, capability))
+            return found
 
     return asyncio.run(main())
 
@@ -99,6 +121,7 @@ def _compare(arguments: argparse.Namespace) -> None:
         for source in arguments.compare:
             environment = {**os.environ, 'PYTHONPATH': os.pathsep.join([source, str(HERE)])}
             command = [sys.executable, __file__, '--child', '--rounds', str(arguments.rounds)]
+            command += ['--backend', arguments.backend]
             command += ['--instrument'] if arguments.instrument else []
             command += ['--steps']
             output = subprocess.run(
@@ -152,6 +175,7 @@ if __name__ == '__main__':
     parser.add_argument('--profile', type=int, metavar='K', help='profile 20 runs of K steps instead of measuring')
     parser.add_argument('--profile-bare', action='store_true', help='with --profile: the agent without capabilities')
     parser.add_argument('--instrument', action='store_true', help='instrument every agent, with no OpenTelemetry SDK')
+    parser.add_argument('--backend', choices=['memory', 'postgres'], default='memory', help='the store written to')
     parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.instrument:
@@ -163,6 +187,6 @@ if __name__ == '__main__':
     elif arguments.compare:
         _compare(arguments)
     elif arguments.child:
-        print(json.dumps(_measure(arguments.steps, arguments.rounds)))
+        print(json.dumps(_measure(arguments.steps, arguments.rounds, arguments.backend)))
     else:
-        _report('step-persistence', _measure(arguments.steps, arguments.rounds))
+        _report('step-persistence', _measure(arguments.steps, arguments.rounds, arguments.backend))
