@@ -13,7 +13,7 @@ from step_persistence.capability import StepPersistence
 from step_persistence.durable.children import DELEGATING_UNIT
 from step_persistence.durable.errors import CodeVersionMismatchError, LeaseLostError, ReplayDivergedError
 from step_persistence.durable.fingerprints import inputs_fingerprint
-from step_persistence.durable.journals import journal_for
+from step_persistence.durable.journals import journal_for, journal_media
 from step_persistence.durable.leases import DEFAULT_LEASE, Clock, Lease, begin_workflow
 from step_persistence.durable.policies import METADATA_KEY, InFlightPolicy, check_policy
 from step_persistence.durable.protocol import JournalStore
@@ -218,7 +218,11 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence))
             raise
         workflow = ActiveWorkflow(
-            journal=journal, record=record, stored={unit.unit_key: unit for unit in units}, lease=lease
+            journal=journal,
+            record=record,
+            stored={unit.unit_key: unit for unit in units},
+            media=journal_media(self.store),
+            lease=lease,
         )
         durable = DurableRun(
             run_id=workflow_id,

@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 
 from step_persistence.durable.protocol import JournalStore
+from step_persistence.media.protocol import MediaStore
 from step_persistence.protocol import StepStore
+from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MessageMedia
 
-__all__ = ['JOURNAL_BACKENDS', 'journal_for']
+__all__ = ['JOURNAL_BACKENDS', 'journal_for', 'journal_media']
 
 JOURNAL_BACKENDS = ('InMemoryStepStore', 'SqlStepStore (SQLite, PostgreSQL)', 'MongoStepStore', 'FileStepStore')
 """The stores that hold a journal."""
@@ -40,3 +42,11 @@ def journal_for(store: StepStore) -> JournalStore:
         '(or a store implementing step_persistence.durable.JournalStore); use StepPersistence alone and '
         'continue_run to recover on this store'
     )
+
+
+def journal_media(store: StepStore) -> MessageMedia:
+    """Where the journal of `store` puts the media of unit results: the store's own media store and threshold
+    (`media_store`, `media_threshold_bytes`), as its snapshots do; inline for a store without one."""
+    media_store = getattr(store, 'media_store', None)
+    threshold = getattr(store, 'media_threshold_bytes', DEFAULT_THRESHOLD_BYTES)
+    return MessageMedia.resolve(media_store if isinstance(media_store, MediaStore) else None, threshold, default=None)

@@ -98,6 +98,9 @@ class DurableUnit(_JournalRecord):
     """A digest of the unit's inputs (messages, tool arguments); a replay whose inputs differ is refused."""
     result: Any = None
     """The encoded result of a `completed` unit (JSON-compatible: `JSON_CODEC`'s payload)."""
+    externalized: bool = False
+    """Whether `result` holds media markers: its media payloads are in the store's media store, as a
+    snapshot's are (`step_persistence.media.walker`), and a replay reads them back from there."""
     error: str | None = None
     """Why a `failed` unit failed."""
     attempts: int = 1

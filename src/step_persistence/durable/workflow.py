@@ -19,6 +19,7 @@ from step_persistence.durable.policies import METADATA_KEY, UnitPolicy
 from step_persistence.durable.protocol import JournalStore
 from step_persistence.durable.records import DurableUnit, Fence, UnitKind, WorkflowRecord
 from step_persistence.records import utc_now
+from step_persistence.stores._media import MessageMedia
 
 __all__ = ['ACTIVE_WORKFLOW', 'ActiveWorkflow', 'UnitCounts']
 
@@ -42,6 +43,8 @@ class ActiveWorkflow:
     journal: JournalStore
     record: WorkflowRecord
     stored: Mapping[str, DurableUnit]
+    media: MessageMedia
+    """Where the media of a unit's result goes (as a snapshot's does), and from what size."""
     lease: Lease | None = None
     """The lease the run holds: its writes are fenced by it, and it starts no unit once the lease is lost."""
     counts: UnitCounts = field(default_factory=UnitCounts)
@@ -84,7 +87,7 @@ class ActiveWorkflow:
                     workflow_id=self.workflow_id, unit_key=key, what=f'the inputs of {describe} are not those journaled'
                 )
             self.counts.replayed += 1
-            return stored.result
+            return await self.media.unpack(stored.result, externalized=stored.externalized)
         in_flight = stored is not None and stored.status == 'started'
         if in_flight:
             await self._decide_in_flight(key, policy, describe=describe, tool_call_id=tool_call_id)
@@ -116,7 +119,10 @@ class ActiveWorkflow:
             raise
         finally:
             DELEGATING_UNIT.reset(token)
-        completed = started.model_copy(update={'status': 'completed', 'result': result, 'ended_at': utc_now()})
+        payload, externalized = await self.media.pack_changed(result)
+        completed = started.model_copy(
+            update={'status': 'completed', 'result': payload, 'externalized': externalized, 'ended_at': utc_now()}
+        )
         await run_to_completion(self.journal.record_unit(completed, fence=self._fence))
         return result
 

@@ -57,6 +57,13 @@ class MessageMedia:
             return tree, False
         return await externalize_media(tree, media_store=self.store, threshold_bytes=self.threshold_bytes), True
 
+    async def pack_changed(self, tree: Any) -> tuple[Any, bool]:
+        """The tree to persist, and whether the media walker changed it (only then read it back with `unpack`)."""
+        if self.store is None:
+            return tree, False
+        packed = await externalize_media(tree, media_store=self.store, threshold_bytes=self.threshold_bytes)
+        return packed, packed is not tree
+
     def packed_inline(self, message: EncodedMessage) -> PackedMessage | None:
         """`pack_message`'s result when it involves no media store (none, or nothing to move out), else
         `None`; synchronous, so a caller in a worker thread goes back to the event loop only when needed."""

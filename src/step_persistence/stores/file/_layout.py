@@ -76,6 +76,9 @@ MEDIA_DIRECTORY_NAME = '@media'
 WORK_DIRECTORY_NAME = '@tmp'
 """Directory under the store's root where registrations and lines are staged and deleted runs removed."""
 LINES_DIRECTORY_NAME = '@lines'
+DURABLE_DIRECTORY_NAME = '@durable'
+"""The durable journal (`journal.py`): one directory per workflow, named by the SHA-256 of its id."""
+JOURNAL_UNITS_FILE_NAME = 'units.jsonl'
 CONVERSATIONS_DIRECTORY_NAME = '@conversations'
 LATEST_DIRECTORY_NAME = '@latest'
 ORIGINS_DIRECTORY_NAME = '@origins'

@@ -44,14 +44,11 @@ from step_persistence.durable.records import (
     next_unit_state,
 )
 from step_persistence.records import utc_now
-from step_persistence.stores.file._layout import text_key
+from step_persistence.stores.file._layout import DURABLE_DIRECTORY_NAME, JOURNAL_UNITS_FILE_NAME, text_key
 from step_persistence.stores.file._locking import locked_file
 from step_persistence.stores.file.store import FileStepStore
 
 __all__ = ['DURABLE_DIRECTORY_NAME', 'FileJournal']
-
-DURABLE_DIRECTORY_NAME = '@durable'
-"""Beside the runs; it contains `@`, which no run id can, so no run shadows it (see `_layout.py`)."""
 
 
 def _append(path: Path, line: dict[str, Any]) -> None:
@@ -254,13 +251,13 @@ class FileJournal:
         def record() -> None:
             with self._locked(directory / 'workflow.jsonl', unit.workflow_id, exclusive=False):
                 self._stored(unit.workflow_id, fence)
-                _append(directory / 'units.jsonl', unit.model_dump(mode='json'))
+                _append(directory / JOURNAL_UNITS_FILE_NAME, unit.model_dump(mode='json'))
 
         await anyio.to_thread.run_sync(record)
 
     async def list_units(self, *, workflow_id: str) -> list[DurableUnit]:
         require_text('workflow_id', workflow_id)
-        path = self._directory(workflow_id) / 'units.jsonl'
+        path = self._directory(workflow_id) / JOURNAL_UNITS_FILE_NAME
 
         def fold() -> list[DurableUnit]:
             units: dict[str, DurableUnit] = {}

@@ -23,6 +23,7 @@ which `grace` protects). A removed line or run is gone, so its blobs are no long
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Iterable
 from datetime import timedelta
@@ -38,7 +39,14 @@ from step_persistence.stores.file._codec import LegacyHistory, load_snapshot_fil
 from step_persistence.stores.file._index import RunIndex
 from step_persistence.stores.file._io import FileIo, Span, UnsafePath, real_directory
 from step_persistence.stores.file._journal import read_lines
-from step_persistence.stores.file._layout import LinePaths, RunPaths, is_run_directory_name, require_line_id
+from step_persistence.stores.file._layout import (
+    DURABLE_DIRECTORY_NAME,
+    JOURNAL_UNITS_FILE_NAME,
+    LinePaths,
+    RunPaths,
+    is_run_directory_name,
+    require_line_id,
+)
 from step_persistence.stores.file._lines import Lines
 from step_persistence.stores.file._locking import LineMissing, RunNotRegistered, replace_token
 from step_persistence.stores.file._message_journal import MessageJournal
@@ -76,9 +84,21 @@ def _message_files(directory: Path, lines: Lines) -> Iterable[Path]:
         yield RunPaths(directory / run_id).legacy_messages
 
 
+def _journal_files(io: FileIo, directory: Path) -> Iterable[Path]:
+    """The unit files of the durable journal, whose completed results may hold media markers too."""
+    journal = directory / DURABLE_DIRECTORY_NAME
+    try:
+        names = io.list_directory(journal)
+    except UnsafePath as error:
+        logger.warning('ignoring %s in collect_media: %s', journal, error)
+        return
+    for name in sorted(names):
+        yield journal / name / JOURNAL_UNITS_FILE_NAME
+
+
 def _references(io: FileIo, directory: Path, lines: Lines) -> set[str]:
     found: set[str] = set()
-    for path in _message_files(directory, lines):
+    for path in itertools.chain(_message_files(directory, lines), _journal_files(io, directory)):
         try:
             found |= uris_in(io.read_all(path))
         except (FileNotFoundError, NotADirectoryError):

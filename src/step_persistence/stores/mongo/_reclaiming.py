@@ -334,6 +334,13 @@ async def collect_media(database: Database, media_store: MediaStore | None, *, g
             body = document.get('body')
             if isinstance(body, str):
                 found |= uris_in(body)
+        # The durable journal's unit results that hold media markers (imported here: the journal imports the store).
+        from step_persistence.stores.mongo.journal import UNITS
+
+        async for document in database[UNITS].find({'externalized': True}, {'_id': 0, 'result': 1}):
+            result = document.get('result')
+            if isinstance(result, str):
+                found |= uris_in(result)
         return found
 
     blobs = await collect_blobs(media_store, grace=grace, referenced=referenced)

@@ -90,6 +90,7 @@ def _unit_from_document(document: Mapping[str, Any]) -> DurableUnit:
         tool_call_id=document.get('tool_call_id'),
         fingerprint=document.get('fingerprint'),
         result=json.loads(result) if isinstance(result, str) else None,
+        externalized=document.get('externalized', False),
         error=document.get('error'),
         attempts=document['attempts'],
         started_at=_time(document, 'started_at'),
@@ -206,6 +207,7 @@ class MongoJournal:
             'tool_call_id': unit.tool_call_id,
             'fingerprint': unit.fingerprint,
             'result': None if unit.status != 'completed' else json.dumps(unit.result),
+            'externalized': unit.externalized,
             'error': unit.error,
         }
         with_time(fields, 'ended_at', unit.ended_at)

@@ -52,7 +52,9 @@ def _workflow_from_row(row: Mapping[str, Any]) -> WorkflowRecord:
 
 def _unit_values(unit: DurableUnit) -> dict[str, Any]:
     values = unit.model_dump()
-    values['result'] = None if unit.status != 'completed' else {'value': unit.result}
+    externalized = values.pop('externalized')
+    stored = {'value': unit.result, 'externalized': True} if externalized else {'value': unit.result}
+    values['result'] = None if unit.status != 'completed' else stored
     return values
 
 
@@ -60,9 +62,16 @@ def _unit_from_row(row: Mapping[str, Any]) -> DurableUnit:
     values = dict(row)
     stored = values.pop('result')
     if values.get('status') == 'completed':
-        if not isinstance(stored, dict) or set(stored) != {'value'}:
-            raise ValueError(f"a completed unit's result must be stored as {{'value': ...}}, not {stored!r}")
+        valid = isinstance(stored, dict) and (
+            set(stored) == {'value'} or (set(stored) == {'value', 'externalized'} and stored['externalized'] is True)
+        )
+        if not valid:
+            raise ValueError(
+                f"a completed unit's result must be stored as {{'value': ...}} (and 'externalized': true), "
+                f'not {stored!r:.200}'
+            )
         values['result'] = stored['value']
+        values['externalized'] = 'externalized' in stored
     return DurableUnit.model_validate(values)
 
 

@@ -33,11 +33,12 @@ from sqlalchemy import BigInteger, Text, bindparam, cast, delete, exists, func, 
 from sqlalchemy.sql.elements import BindParameter
 
 from step_persistence.media.protocol import MediaStore
+from step_persistence.media.walker import MARKER_KEY
 from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.stores.sql.database import Database
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.rows import RUN_KEY, fetch
-from step_persistence.stores.sql.schema import history_lines, messages, snapshots
+from step_persistence.stores.sql.schema import durable_units, history_lines, messages, snapshots
 
 __all__ = ['collect_media', 'lines_of_run', 'release_lines']
 
@@ -109,6 +110,10 @@ _DELETE_UNVIEWED_LINES = delete(history_lines).where(
 )
 _DELETE_UNUSED = delete(messages).where(~_USED)  # type: ignore[operator]
 _EXTERNALIZED_BODIES = select(cast(messages.c.body, Text)).where(messages.c.externalized.is_(True))
+_EXTERNALIZED_RESULTS = select(cast(durable_units.c.result, Text)).where(
+    cast(durable_units.c.result, Text).contains(MARKER_KEY, autoescape=True)
+)
+"""The durable journal's unit results that hold media markers (`{'value': ..., 'externalized': true}`)."""
 
 
 def _is_int(value: object) -> bool:
@@ -152,9 +157,10 @@ def _delete_unused(transaction: Transaction) -> int:
 
 def _references(transaction: Transaction) -> set[str]:
     found: set[str] = set()
-    for (body,) in fetch(transaction, _EXTERNALIZED_BODIES):
-        if isinstance(body, str):  # a body that is not text (damaged: `Unreadable`) refers to nothing readable
-            found |= uris_in(body)
+    for statement in (_EXTERNALIZED_BODIES, _EXTERNALIZED_RESULTS):
+        for (body,) in fetch(transaction, statement):
+            if isinstance(body, str):  # a body that is not text (damaged: `Unreadable`) refers to nothing readable
+                found |= uris_in(body)
     return found
 
 

@@ -391,7 +391,12 @@ durable_units = Table(
     Column('status', String, nullable=False, doc='`started`, `completed` (final) or `failed`.'),
     Column('tool_call_id', String, doc='The tool call a `tool` unit ran.'),
     Column('fingerprint', String),
-    Column('result', JSON_DOCUMENT, doc="`{'value': payload}`: the encoded result of a completed unit."),
+    Column(
+        'result',
+        JSON_DOCUMENT,
+        doc="`{'value': payload}`: the encoded result of a completed unit; with `'externalized': true` when "
+        'the payload holds media markers (its media is in the media store).',
+    ),
     Column('error', Text),
     Column('attempts', Integer, nullable=False),
     Column('started_at', DateTimeUTC, nullable=False),

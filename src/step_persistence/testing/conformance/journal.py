@@ -115,6 +115,17 @@ class JournalConformance(ConformanceBase):
         await journal.record_unit(completed)
         assert await journal.list_units(workflow_id='wf') == [completed]
 
+    async def test_a_result_with_media_markers_says_so(self, journal: JournalStore) -> None:
+        """`externalized` (the result's media is in the media store) is stored with the result, never guessed."""
+        await journal.start_workflow(_workflow())
+        marker = {'$step_persistence.media': {'v': 1, 'uri': 'media://sha256/ab', 'encoding': 'utf-8'}}
+        externalized = _unit('u1', 'completed', result=[marker], externalized=True, ended_at=T0)
+        inline = _unit('u2', 'completed', offset=1, result=[marker], ended_at=T0)
+        await journal.record_unit(externalized)
+        await journal.record_unit(inline)
+        assert await journal.list_units(workflow_id='wf') == [externalized, inline]
+        assert not inline.externalized
+
     async def test_a_completed_unit_is_final(self, journal: JournalStore) -> None:
         await journal.start_workflow(_workflow())
         completed = _unit('u1', 'completed', result=None, ended_at=T0)
