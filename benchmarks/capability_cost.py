@@ -2,10 +2,13 @@
 
     cd benchmarks && uv run python capability_cost.py [--steps 10 50 200] [--rounds 9]
                                                        [--compare BEFORE_SRC AFTER_SRC [--processes 4]]
-                                                       [--profile K] [--backend memory|postgres]
+                                                       [--profile K] [--backend memory|sqlite|postgres]
+                                                       [--clock cpu|wall]
 
 `--backend postgres`: on one `PostgresStepStore` (its own engine, on a throwaway cluster as `make
-bench` starts) for every run instead, so the figure is the capability and the store together.
+bench` starts) for every run instead, so the figure is the capability and the store together;
+`--backend sqlite`: on one `SqliteStepStore` (a file in a temporary directory), likewise.
+`--clock wall`: wall time instead of CPU (the with/without ratio is of medians on that clock).
 
 The agent is `bench.lookup_agent` (a FunctionModel calling one tool per step, K times, then
 answering). A round runs, for each K, the agent without capabilities and with
@@ -51,11 +54,16 @@ HERE = Path(__file__).resolve().parent
 
 @contextlib.asynccontextmanager
 async def _store(backend: str) -> AsyncIterator[Callable[[], Any]]:
-    """What each run's capability writes to: a new memory store per run, or one PostgreSQL store for all."""
-    from step_persistence import InMemoryStepStore, PostgresStepStore
+    """What each run's capability writes to: a new memory store per run, or one SQLite or PostgreSQL store for all."""
+    from step_persistence import InMemoryStepStore, PostgresStepStore, SqliteStepStore
 
     if backend == 'memory':
         yield InMemoryStepStore
+        return
+    if backend == 'sqlite':
+        with tempfile.TemporaryDirectory() as root:
+            async with SqliteStepStore(Path(root) / 'runs.db') as store:
+                yield lambda: store
         return
     from bench import servers
 
@@ -64,17 +72,18 @@ async def _store(backend: str) -> AsyncIterator[Callable[[], Any]]:
             yield lambda: store
 
 
-def _measure(steps_list: list[int], rounds: int, backend: str) -> dict[str, dict[str, list[float]]]:
-    """CPU seconds of each run: `{str(K): {'none': [...], 'with': [...]}}`."""
+def _measure(steps_list: list[int], rounds: int, backend: str, clock: str = 'cpu') -> dict[str, dict[str, list[float]]]:
+    """Seconds of each run on `clock` (process CPU or wall): `{str(K): {'none': [...], 'with': [...]}}`."""
     from bench import run_agent
 
     from step_persistence import StepPersistence
 
     async def timed(steps: int, capabilities: Callable[[], list[Any]]) -> float:
+        now = time.process_time if clock == 'cpu' else time.perf_counter
         gc.collect()
-        started = time.process_time()
+        started = now()
         await run_agent(steps, capabilities())
-        return time.process_time() - started
+        return now() - started
 
     async def main() -> dict[str, dict[str, list[float]]]:
         async with _store(backend) as store:
@@ -96,7 +105,7 @@ def _measure(steps_list: list[int], rounds: int, backend: str) -> dict[str, dict
 
 
 def _overheads(times: dict[str, list[float]], steps: int) -> tuple[float, float]:
-    """Overhead per step in ms of CPU: from the minima, and from the medians."""
+    """Overhead per step in ms (of the clock measured): from the minima, and from the medians."""
     low = (min(times['with']) - min(times['none'])) * 1e3 / steps
     middle = (statistics.median(times['with']) - statistics.median(times['none'])) * 1e3 / steps
     return low, middle
@@ -107,8 +116,9 @@ def _report(label: str, found: dict[str, dict[str, list[float]]]) -> None:
         steps = int(key)
         low, middle = _overheads(times, steps)
         bare = min(times['none']) * 1e3 / steps
+        ratio = statistics.median(times['with']) / statistics.median(times['none'])
         print(
-            f'{label} K={steps}: overhead ms CPU/step min {low:.3f} median {middle:.3f} '
+            f'{label} K={steps}: overhead ms/step min {low:.3f} median {middle:.3f}, with/without {ratio:.2f} '
             f'(bare agent {bare:.2f} ms/step; {len(times["with"])} rounds)',
             flush=True,
         )
@@ -121,7 +131,7 @@ def _compare(arguments: argparse.Namespace) -> None:
         for source in arguments.compare:
             environment = {**os.environ, 'PYTHONPATH': os.pathsep.join([source, str(HERE)])}
             command = [sys.executable, __file__, '--child', '--rounds', str(arguments.rounds)]
-            command += ['--backend', arguments.backend]
+            command += ['--backend', arguments.backend, '--clock', arguments.clock]
             command += ['--instrument'] if arguments.instrument else []
             command += ['--steps']
             output = subprocess.run(
@@ -135,7 +145,8 @@ def _compare(arguments: argparse.Namespace) -> None:
         for steps, overheads in found.items():
             lows, middles = [low for low, _ in overheads], [middle for _, middle in overheads]
             print(
-                f"{source} K={steps}: overhead ms CPU/step, median over {len(overheads)} processes of each one's "
+                f'{source} K={steps}: overhead ms/step ({arguments.clock}), '
+                f"median over {len(overheads)} processes of each one's "
                 f'min {statistics.median(lows):.3f} (from {min(lows):.3f} to {max(lows):.3f}), '
                 f'median {statistics.median(middles):.3f} (from {min(middles):.3f} to {max(middles):.3f})',
                 flush=True,
@@ -175,7 +186,10 @@ if __name__ == '__main__':
     parser.add_argument('--profile', type=int, metavar='K', help='profile 20 runs of K steps instead of measuring')
     parser.add_argument('--profile-bare', action='store_true', help='with --profile: the agent without capabilities')
     parser.add_argument('--instrument', action='store_true', help='instrument every agent, with no OpenTelemetry SDK')
-    parser.add_argument('--backend', choices=['memory', 'postgres'], default='memory', help='the store written to')
+    parser.add_argument(
+        '--backend', choices=['memory', 'sqlite', 'postgres'], default='memory', help='the store written to'
+    )
+    parser.add_argument('--clock', choices=['cpu', 'wall'], default='cpu')
     parser.add_argument('--child', action='store_true', help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.instrument:
@@ -187,6 +201,6 @@ if __name__ == '__main__':
     elif arguments.compare:
         _compare(arguments)
     elif arguments.child:
-        print(json.dumps(_measure(arguments.steps, arguments.rounds, arguments.backend)))
+        print(json.dumps(_measure(arguments.steps, arguments.rounds, arguments.backend, arguments.clock)))
     else:
-        _report('step-persistence', _measure(arguments.steps, arguments.rounds, arguments.backend))
+        _report('step-persistence', _measure(arguments.steps, arguments.rounds, arguments.backend, arguments.clock))
