@@ -16,7 +16,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.exc import IntegrityError
 
-from step_persistence.stores.sql.engines import WRITE_OPTION, sqlite_engine
+from step_persistence.stores.sql.engines import sqlite_engine
 from step_persistence.stores.sql.sqlite_writer import SqliteWriter
 
 pytestmark = pytest.mark.anyio
@@ -39,7 +39,7 @@ async def engine(tmp_path: Path) -> AsyncIterator[Engine]:
 
 @pytest.fixture
 async def writer(engine: Engine) -> AsyncIterator[SqliteWriter]:
-    writer = SqliteWriter(engine, engine.execution_options(**{WRITE_OPTION: True}))
+    writer = SqliteWriter(engine)
     yield writer
     await asyncio.to_thread(writer.stop)
 

@@ -49,7 +49,6 @@ from sqlalchemy.sql import Executable
 from sqlalchemy.util import greenlet_spawn
 
 from step_persistence._cancellation import run_to_completion
-from step_persistence.stores.sql.engines import WRITE_OPTION
 from step_persistence.stores.sql.naming import DEFAULT_NAMES, TableNames
 from step_persistence.stores.sql.prepared import DriverResult, Prepared
 from step_persistence.stores.sql.sqlite_writer import SqliteWriter
@@ -182,7 +181,7 @@ class ThreadExecutor:
 
     def __init__(self, engine: Engine, *, threads: int) -> None:
         self._engine = engine
-        self._writer = SqliteWriter(engine, engine.execution_options(**{WRITE_OPTION: True}))
+        self._writer = SqliteWriter(engine)
         self._thread_count = threads
         self._threads = self._new_threads()
         self._single_connection = isinstance(engine.pool, StaticPool)

@@ -11,7 +11,9 @@ commits. Operations run in the order they were submitted.
 
 A caller's result is the outcome of its own operation, delivered only after the group's commit:
 if the commit fails, every operation of the group raises that error (none of them is stored).
-The thread starts on first use and ends after `IDLE_SECONDS` without work, or when stopped.
+The thread starts on first use and ends after `IDLE_SECONDS` without work, or when stopped. It
+keeps one pooled connection checked out while it lives (given back when it ends, and replaced
+after a group that failed), so a group pays no checkout or check-in of its own.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any, Generic, TypeVar
 from sqlalchemy.engine import Connection, Engine
 
 from step_persistence._cancellation import run_to_completion
+from step_persistence.stores.sql.engines import WRITE_OPTION
 
 __all__ = ['IDLE_SECONDS', 'MAX_GROUP', 'SqliteWriter']
 
@@ -51,11 +54,10 @@ class _Job(Generic[T]):
 
 
 class SqliteWriter:
-    """Runs operations in transactions on `engine` (on `write_engine` when one of a group writes), grouped."""
+    """Runs operations, grouped, in transactions on a connection of `engine` (`BEGIN IMMEDIATE` when one writes)."""
 
-    def __init__(self, engine: Engine, write_engine: Engine) -> None:
+    def __init__(self, engine: Engine) -> None:
         self._engine = engine
-        self._write_engine = write_engine
         self._jobs: queue.SimpleQueue[_Job[Any] | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
@@ -85,8 +87,17 @@ class SqliteWriter:
             thread.join()
 
     def _serve(self) -> None:
-        while group := self._take():
-            self._run(group)
+        connection: Connection | None = None
+        try:
+            while group := self._take():
+                if connection is None:
+                    connection = self._engine.connect()
+                if not self._run(connection, group):
+                    connection.close()  # a fresh one for the next group: nothing of a failure stays on it
+                    connection = None
+        finally:
+            if connection is not None:
+                connection.close()
 
     def _take(self) -> list[_Job[Any]]:
         """The operations queued now, waiting for the first; empty when the thread should end."""
@@ -111,15 +122,18 @@ class SqliteWriter:
                 group.append(queued)
         return group
 
-    def _run(self, group: list[_Job[Any]]) -> None:
-        engine = self._write_engine if any(job.write for job in group) else self._engine
+    def _run(self, connection: Connection, group: list[_Job[Any]]) -> bool:
+        """Run `group` in one transaction on `connection` and hand the outcomes back; whether it committed."""
+        committed = True
         try:
-            with engine.connect() as connection, connection.begin():
+            connection.execution_options(**{WRITE_OPTION: any(job.write for job in group)})
+            with connection.begin():
                 if len(group) == 1:
                     group[0].outcome = (True, group[0].operation(connection))
                 else:
                     _run_in_savepoints(connection, group)
         except BaseException as error:  # it ended these operations: their callers get it
+            committed = False
             for job in group:
                 if job.outcome is None or job.outcome[0]:
                     job.outcome = (False, error)
@@ -131,6 +145,7 @@ class SqliteWriter:
                 loop.call_soon_threadsafe(_settle, jobs)
             except RuntimeError:
                 continue  # that event loop is closed: nobody waits for these results
+        return committed
 
 
 def _run_in_savepoints(connection: Connection, group: list[_Job[Any]]) -> None:
