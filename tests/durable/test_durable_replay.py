@@ -20,7 +20,10 @@ from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset, RunContext
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
-from pydantic_ai.toolsets import DynamicToolset
+from pydantic_ai.tools import ToolDefinition
+from pydantic_ai.toolsets import AbstractToolset, DynamicToolset
+from pydantic_ai.toolsets.abstract import ToolsetTool
+from pydantic_core import SchemaValidator, core_schema
 
 from step_persistence import InMemoryStepStore, StepPersistence, StepStore
 from step_persistence.durable import child_workflow_id, journal_for
@@ -270,14 +273,22 @@ class Audit(AbstractCapability[None]):
         return request_context
 
 
-async def test_dynamic_toolsets_and_capability_operations_replay(store: StepStore) -> None:
-    calls: Counter[str] = Counter()
+def _lookup_model(calls: Counter[str]) -> FunctionModel:
+    """A model that calls `lookup` once, then answers `in stock` (its requests counted as `model`)."""
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
         calls['model'] += 1
         if len(messages) == 1:
             return ModelResponse(parts=[ToolCallPart('lookup', {'q': 'stock'}, tool_call_id='call-lookup')])
         return ModelResponse(parts=[TextPart('in stock')])
+
+    return FunctionModel(model)
+
+
+async def test_dynamic_toolsets_and_capability_operations_replay(store: StepStore) -> None:
+    calls: Counter[str] = Counter()
+
+    model = _lookup_model(calls)
 
     def tools(ctx: RunContext[None]) -> FunctionToolset[None]:
         toolset = FunctionToolset[None]()
@@ -292,7 +303,7 @@ async def test_dynamic_toolsets_and_capability_operations_replay(store: StepStor
     audits: Counter[str] = Counter()
     for _ in range(2):
         agent = Agent(
-            FunctionModel(model),
+            model,
             name='dynamic',
             toolsets=[DynamicToolset(tools, id='catalog')],
             capabilities=[Audit(id='audit', calls=audits), StepDurability(store)],
@@ -351,3 +362,71 @@ async def test_a_delegate_is_a_child_workflow_that_replays_its_own_units(store: 
     again_desk, again_orders = Calls(), Calls()
     await build_delegating_agent(store, again_desk, again_orders, idempotent_b=True).run('go', run_id='desk-1')
     assert (again_desk.model, dict(again_desk.tools), again_orders.model, dict(again_orders.tools)) == (0, {}, 0, {})
+
+
+class RemoteToolset(AbstractToolset[None]):
+    """A toolset of its own kind, as an MCP client is: a session entered around its use, tools listed by the
+    server, calls sent to it (counted in `calls`: `enter`, `list`, `call`). `hang` stops inside the next call."""
+
+    def __init__(self, calls: Counter[str], *, hang: asyncio.Event | None = None) -> None:
+        self.calls = calls
+        self.hang = hang
+
+    @property
+    def id(self) -> str:
+        return 'remote-catalog'
+
+    async def __aenter__(self) -> RemoteToolset:
+        self.calls['enter'] += 1
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.calls['exit'] += 1
+
+    async def get_tools(self, ctx: RunContext[None]) -> dict[str, ToolsetTool[None]]:
+        self.calls['list'] += 1
+        tool_def = ToolDefinition(
+            name='lookup',
+            parameters_json_schema={'type': 'object', 'properties': {'q': {'type': 'string'}}},
+            metadata={'step_persistence': {'idempotent': True}},
+        )
+        validator = SchemaValidator(core_schema.dict_schema())
+        return {'lookup': ToolsetTool(toolset=self, tool_def=tool_def, max_retries=1, args_validator=validator)}
+
+    async def call_tool(self, name: str, tool_args: dict[str, Any], ctx: RunContext[None], tool: Any) -> str:
+        self.calls['call'] += 1
+        if self.hang is not None:
+            self.hang.set()
+            await asyncio.Event().wait()
+        return f'found {tool_args["q"]}'
+
+
+async def test_a_toolset_of_another_kind_is_journaled_and_replayed(store: StepStore) -> None:
+    """pydantic-ai wraps function, dynamic and MCP toolsets; any other leaf is journaled as a dynamic toolset."""
+    calls: Counter[str] = Counter()
+
+    model = _lookup_model(calls)
+
+    def agent(toolset: RemoteToolset) -> Agent[None, str]:
+        return Agent(model, name='remote', toolsets=[toolset], capabilities=[StepDurability(store)])
+
+    inside = asyncio.Event()
+    run = asyncio.create_task(agent(RemoteToolset(calls, hang=inside)).run('Is it in stock?', run_id='remote-1'))
+    await inside.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    assert (calls['model'], calls['call']) == (1, 1)
+
+    before = calls.copy()
+    result = await agent(RemoteToolset(calls)).run('Is it in stock?', run_id='remote-1')
+    assert result.output == 'in stock'
+    resumed = calls - before
+    assert (resumed['model'], resumed['call']) == (1, 1), 'the first request replayed; the call in flight ran again'
+    assert calls['enter'] == calls['exit'], 'every session entered was left'
+
+    before = calls.copy()
+    await agent(RemoteToolset(calls)).run('Is it in stock?', run_id='remote-1')
+    assert calls - before == Counter(), 'a whole replay lists, enters and calls nothing'
+    kinds = Counter(unit.kind for unit in await journal_for(store).list_units(workflow_id='remote-1'))
+    assert kinds == {'discovery': 2, 'model': 2, 'tool': 1}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
@@ -46,6 +47,7 @@ from pydantic_ai.capabilities.abstract import WrapRunHandler
 from pydantic_ai.models import Model
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext
+from pydantic_ai.toolsets import AbstractToolset, DynamicToolset, ExternalToolset, FunctionToolset, WrapperToolset
 
 from step_persistence.durable.backend import JournalBackend
 
@@ -111,6 +113,8 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         self._backend: JournalBackend | None = None
         self._recorders: frozenset[str] = frozenset()
         """The `id`s of the agent's `StepPersistence` capabilities, whose operations are not journaled."""
+        self._stand_ins: dict[str, _StandIn[AgentDepsT]] = {}
+        """By toolset id: the dynamic toolsets standing in for the agent's leaves of other kinds."""
 
     @property
     def in_durable_context(self) -> bool:
@@ -132,6 +136,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             # pydantic-ai builds the operations' schemas below.
             StepWrites.model_rebuild()
         self._recorders = frozenset(recorders)
+        self._stand_ins = {}
         self._backend = JournalBackend(
             agent_name=self.name, default_model_id=self.default_model_id, in_flight_tools=self.in_flight_tools
         )
@@ -155,6 +160,37 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
                     capability, operation, ctx=ctx, args=args, kwargs=kwargs
                 )
         return await super()._invoke_capability_operation(capability, operation, ctx=ctx, args=args, kwargs=kwargs)
+
+    def _wrap_leaf_toolset(self, ts: AbstractToolset[AgentDepsT]) -> WrapperToolset[AgentDepsT] | None:
+        # pydantic-ai wraps function, dynamic and MCP toolsets. Any other leaf (a toolset class of the application's
+        # or of a library: its own `get_tools` and `call_tool`, as an MCP client's) would run directly, its calls
+        # made again by every replay; and without the `mcp` package the base never reaches its hook for them
+        # (`_wrap_other_leaf_toolset`). Such a leaf is journaled as a dynamic toolset that resolves to it once per
+        # run: its discovery and calls are units, and it is entered only when a unit needs it. An
+        # `ExternalToolset` runs nothing (its calls are deferred to the caller), and a toolset without an `id`
+        # cannot name its units.
+        if isinstance(ts, FunctionToolset | DynamicToolset | ExternalToolset) or _is_mcp_toolset(ts):
+            return super()._wrap_leaf_toolset(ts)
+        toolset_id = ts._explicit_id  # the id chosen for it, as the base reads it
+        if toolset_id is None:
+            logger.warning(
+                'toolset %r has no id: its tool calls are not journaled (a replay calls them again); give it an id',
+                ts,
+            )
+            return None
+        stand_in = _StandIn(ts, toolset_id)
+        self._stand_ins[toolset_id] = stand_in
+        return super()._wrap_leaf_toolset(stand_in)
+
+    def get_wrapper_toolset(self, toolset: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT] | None:
+        if self._stand_ins:
+            # Each leaf journaled as a dynamic toolset is replaced by its stand-in, which the base's wrapper wraps.
+            def swap(ts: AbstractToolset[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
+                stand_in = self._stand_ins.get(ts._explicit_id or '')
+                return stand_in if stand_in is not None and stand_in.original is ts else ts
+
+            toolset = toolset.visit_and_replace(swap)
+        return super().get_wrapper_toolset(toolset) or toolset
 
     def get_durable_operation_backend(self) -> JournalBackend:
         if self._backend is None:
@@ -274,3 +310,21 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
                 unit_key='(the run itself)',
                 what='the run was started with another prompt or message history',
             )
+
+
+def _is_mcp_toolset(ts: AbstractToolset[Any]) -> bool:
+    """Whether `ts` is pydantic-ai's `MCPToolset` (which needs the `mcp` package), wrapped by the base as such."""
+    mcp = sys.modules.get('pydantic_ai.mcp')
+    toolset_class = None if mcp is None else getattr(mcp, 'MCPToolset', None)
+    return isinstance(toolset_class, type) and isinstance(ts, toolset_class)
+
+
+class _StandIn(DynamicToolset[AgentDepsT]):
+    """A dynamic toolset resolving to `original` once per run, so that pydantic-ai journals a leaf of another kind."""
+
+    def __init__(self, original: AbstractToolset[AgentDepsT], toolset_id: str) -> None:
+        def resolve(ctx: RunContext[AgentDepsT]) -> AbstractToolset[AgentDepsT]:
+            return original
+
+        super().__init__(resolve, per_run_step=False, id=toolset_id)
+        self.original = original
