@@ -140,6 +140,7 @@ COMMANDS = [
     ['report'],
     ['prune', '--older-than', '30d'],
     ['gc'],
+    ['recover', '--dry-run'],
 ]
 
 

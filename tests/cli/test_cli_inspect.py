@@ -129,5 +129,6 @@ def test_help_everywhere() -> None:
         ['copy'],
         ['prune'],
         ['gc'],
+        ['recover', '--dry-run'],
     ):
         assert 'Usage' in cli(*command, '--help').stdout

@@ -20,6 +20,7 @@ from step_persistence.cli._common import (
 from step_persistence.cli.copy import copy
 from step_persistence.cli.lazy import lazily
 from step_persistence.cli.maintenance import gc, prune
+from step_persistence.cli.recover import recover
 from step_persistence.cli.report import report
 from step_persistence.cli.serve import serve
 
@@ -29,8 +30,8 @@ app = typer.Typer(
     help=(
         'Inspect and manage step-persistence stores. Every command but copy takes its store as --store URL, '
         'or from STEP_PERSISTENCE_STORE. '
-        'Exit codes: 0 ok, 1 migration refused, runs not copied or effect not resolved, 2 usage, 3 not found, '
-        '4 unreachable store, 5 database error.'
+        'Exit codes: 0 ok, 1 migration refused, runs not copied, effect not resolved or a recovered run failed, '
+        '2 usage, 3 not found, 4 unreachable store, 5 database error.'
     ),
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -44,6 +45,7 @@ app.command(cls=Command)(copy)
 app.command(cls=Command)(prune)
 app.command(cls=Command)(gc)
 app.command(cls=Command)(serve)
+app.command(cls=Command)(recover)
 
 
 @app.command(cls=Command)
