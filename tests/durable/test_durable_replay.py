@@ -314,10 +314,9 @@ async def test_dynamic_toolsets_and_capability_operations_replay(store: StepStor
     assert kinds == {'discovery': 2, 'capability': 2, 'model': 2, 'tool': 1}
 
 
-async def test_a_delegate_is_a_child_workflow_that_replays_its_own_units(store: StepStore) -> None:
-    """Stopped inside the delegate's second tool: the resumed parent runs its tool again (the delegate's journal
-    decides for the delegate's units), and the delegate replays its first request and its completed call."""
-    child_id = child_workflow_id('desk-1', DELEGATE_CALL)
+async def _stop_inside_the_delegate(store: StepStore, run_id: str, **options: Any) -> tuple[Calls, Calls]:
+    """Run the desk workflow until its delegate's `charge` runs (after `reserve` completed), then stop it there."""
+    child_id = child_workflow_id(run_id, DELEGATE_CALL)
     desk, orders = Calls(), Calls()
     entered = asyncio.Event()
 
@@ -327,11 +326,19 @@ async def test_a_delegate_is_a_child_workflow_that_replays_its_own_units(store: 
         await asyncio.Event().wait()
 
     orders.hooks['charge'] = hang
-    run = asyncio.create_task(build_delegating_agent(store, desk, orders, idempotent_b=True).run('go', run_id='desk-1'))
+    run = asyncio.create_task(build_delegating_agent(store, desk, orders, **options).run('go', run_id=run_id))
     await entered.wait()
     run.cancel()
     with pytest.raises(asyncio.CancelledError):
         await run
+    return desk, orders
+
+
+async def test_a_delegate_is_a_child_workflow_that_replays_its_own_units(store: StepStore) -> None:
+    """Stopped inside the delegate's second tool: the resumed parent runs its tool again (the delegate's journal
+    decides for the delegate's units), and the delegate replays its first request and its completed call."""
+    child_id = child_workflow_id('desk-1', DELEGATE_CALL)
+    desk, orders = await _stop_inside_the_delegate(store, 'desk-1', idempotent_b=True)
     assert (desk.model, dict(desk.tools), orders.model, dict(orders.tools)) == (
         1,
         {'delegate': 1},
@@ -430,3 +437,13 @@ async def test_a_toolset_of_another_kind_is_journaled_and_replayed(store: StepSt
     assert calls - before == Counter(), 'a whole replay lists, enters and calls nothing'
     kinds = Counter(unit.kind for unit in await journal_for(store).list_units(workflow_id='remote-1'))
     assert kinds == {'discovery': 2, 'model': 2, 'tool': 1}
+
+
+async def test_a_delegating_tool_keeps_its_own_in_flight_policy(store: StepStore) -> None:
+    """Only the default policy gives way to the child's journal: a tool that sets `fail` itself fails the resume."""
+    await _stop_inside_the_delegate(store, 'desk-2', idempotent_b=True, delegate_in_flight='fail')
+    desk, orders = Calls(), Calls()
+    agent = build_delegating_agent(store, desk, orders, idempotent_b=True, delegate_in_flight='fail')
+    with pytest.raises(InFlightUnitError, match=r"tool call 'delegate' \(call-delegate\) was in flight"):
+        await agent.run('go', run_id='desk-2')
+    assert (desk.tools['delegate'], orders.model, dict(orders.tools)) == (0, 0, {})

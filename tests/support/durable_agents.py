@@ -14,6 +14,7 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from step_persistence import StepPersistence, StepStore, annotate_tool_effect
 from step_persistence.durable.engine import StepDurability
+from step_persistence.durable.policies import METADATA_KEY
 
 AGENT_NAME = 'orders'
 
@@ -106,14 +107,14 @@ DELEGATE_CALL = 'call-delegate'
 
 
 def build_delegating_agent(
-    store: StepStore, desk: Calls, orders: Calls, **options: Any
+    store: StepStore, desk: Calls, orders: Calls, *, delegate_in_flight: str | None = None, **options: Any
 ) -> Agent[None, str | DeferredToolRequests]:
     """An agent whose tool `delegate` runs the order agent (`build_agent(store, orders, **options)`) as a
     delegate, without a `run_id`; its first request calls the tool, its second one answers with the result.
 
     `delegate` has the default in-flight policy (`fail`): its run is a child workflow, so a resumed parent
-    runs it again and the delegate replays its own units. `desk.model` counts the parent's requests.
-    A `lease_duration` option is both agents' lease.
+    runs it again and the delegate replays its own units; `delegate_in_flight` sets the tool's own policy in
+    its metadata. `desk.model` counts the parent's requests. A `lease_duration` option is both agents' lease.
     """
     orders_agent = build_agent(store, orders, **options)
     lease = {key: options[key] for key in ('lease_duration',) if key in options}
@@ -135,7 +136,12 @@ def build_delegating_agent(
     return Agent(
         FunctionModel(model),
         name=DESK_NAME,
-        tools=[delegate],
+        tools=[
+            Tool(
+                delegate,
+                metadata=None if delegate_in_flight is None else {METADATA_KEY: {'in_flight': delegate_in_flight}},
+            )
+        ],
         output_type=[str, DeferredToolRequests],
         capabilities=[StepPersistence(store), StepDurability(store, **lease)],
     )
