@@ -26,8 +26,11 @@ from pydantic_ai.messages import (
 )
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
+from step_persistence import from_spec
 from step_persistence.durable import StepDurability, journal_for
-from support.backends import BACKENDS, BackendSession
+from step_persistence.media import MediaContext
+from step_persistence.reclaiming import uris_in
+from support.backends import BACKENDS, BackendSession, spec_of
 
 pytestmark = pytest.mark.anyio
 
@@ -76,7 +79,14 @@ def _agent(store: Any, calls: Counter[str], seen: list[list[bytes]], stop: async
 
 
 async def test_journal_payloads_keep_their_media_in_the_media_store(session: BackendSession) -> None:
-    store = await session.make()
+    async with from_spec(**spec_of(session)) as store:
+        await _replay_with_media(session, store)
+    async with from_spec(**spec_of(session, media_store=None)) as inline:
+        with pytest.raises(ValueError, match=r'keeps its media in a media store, and this store was opened without'):
+            await _agent(inline, Counter(), [], None).run('Draw the chart', run_id='chart-1')
+
+
+async def _replay_with_media(session: BackendSession, store: Any) -> None:
     assert store.media_store is not None
     journal = journal_for(store)
 
@@ -92,9 +102,8 @@ async def test_journal_payloads_keep_their_media_in_the_media_store(session: Bac
     [tool_unit] = [unit for unit in await journal.list_units(workflow_id='chart-1') if unit.kind == 'tool']
     assert tool_unit.status == 'completed' and tool_unit.externalized
     assert len(json.dumps(tool_unit.result)) < len(IMAGE), 'the image is in the media store, not in the journal'
-    assert session.count_media_blobs is not None
-    blobs = await session.count_media_blobs()
-    assert blobs >= 1
+    [uri] = uris_in(json.dumps(tool_unit.result))
+    assert await store.media_store.get(uri, context=MediaContext(media_type='image/png')) == IMAGE
     collected = await store.collect_media(grace=timedelta(0))
     assert collected.blobs == 0, 'the journal refers to the blob'
 

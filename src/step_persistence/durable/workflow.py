@@ -86,6 +86,11 @@ class ActiveWorkflow:
                 raise ReplayDivergedError(
                     workflow_id=self.workflow_id, unit_key=key, what=f'the inputs of {describe} are not those journaled'
                 )
+            if stored.externalized and self.media.store is None:
+                raise ValueError(
+                    f'durable workflow {self.workflow_id!r}: the result of {describe} (unit {key!r}) keeps its media '
+                    'in a media store, and this store was opened without one: open it with its media store'
+                )
             self.counts.replayed += 1
             return await self.media.unpack(stored.result, externalized=stored.externalized)
         in_flight = stored is not None and stored.status == 'started'
