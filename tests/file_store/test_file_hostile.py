@@ -202,8 +202,7 @@ async def test_a_run_directory_copied_under_another_name_is_not_a_second_run(
     before = tree_of(tmp_path / 'copy')
     for reader in (FileStepStore(tmp_path), store):
         caplog.clear()
-        assert [record.run_id for record in await reader.list_runs()] == ['run']
-        assert 'copy' in caplog.text and "holds run 'run'" in caplog.text
+        assert [record.run_id for record in await reader.list_runs()] == ['run']  # the copy has no index entry
         with pytest.raises(ValueError, match="holds run 'run'"):
             await reader.get_run(run_id='copy')
         for call in (

@@ -232,7 +232,7 @@ async def test_deleting_a_run_removes_its_directory_only(tmp_path: Path) -> None
         await store.save_snapshot(snapshot(run_id, 1))
     kept_line = line_of(tmp_path, 'kept')
     await store.delete_run(run_id='gone')
-    assert sorted(os.listdir(tmp_path)) == ['@indexed', '@lines', '@media', '@tmp', 'kept']
+    assert sorted(os.listdir(tmp_path)) == ['@indexed', '@lines', '@media', '@runs', '@tmp', 'kept']
     assert os.listdir(tmp_path / '@lines') == [kept_line.name], 'the line only the deleted run used is gone'
     assert os.listdir(tmp_path / '@tmp') == []
     assert (store.media_directory / 'blob.bin').read_bytes() == b'shared'

@@ -1,14 +1,8 @@
 """The conversation index: a conversation's runs, and conversations by their newest run, without reading every run.
 
 **Entries.** Each run with a `conversation_id` has an entry in `@conversations/<key>/runs/` (and,
-with an `agent_name`, in `agents/<agent key>/`), named `<start>.<registration>.<run_id>` with
-fixed-width numbers, so names sort in `list_runs` order. An entry is a hard link to the run's
-`run.json`: it counts only while it is the very file `<run_id>/run.json` names (two `lstat`s, no
-read), so an entry left by a registration, a bare run's filling or a deletion that crashed halfway,
-or by an earlier registration of the same run id, never counts. (In a copy of the store made
-without its hard links, an entry and a `run.json` each linked once are compared by the registration
-stamp and their bytes, read.) An entry is made before the `run.json` it links appears (the
-registration's or the filling's, staged), replacing one of the same name a crashed filling left.
+with an `agent_name`, in `agents/<agent key>/`): a hard link to its `run.json`, made, checked and
+read as `_entries.py` says (names sort in `list_runs` order).
 
 **Markers.** Per conversation (and per agent within it) one empty file `@latest/<scope>/<start>.<key>`
 is named by the start of its newest run, so the conversations with the newest runs are found by
@@ -20,7 +14,8 @@ run is older than the marker says) and repaired; `latest.<scope>` in the convers
 names the start its marker carries, so updates need not search for it.
 
 **Older directories.** A store directory written before the index has none: its first write indexes
-every run once (and says so in `@indexed`); until then reads look at every run (reading never writes).
+every run once (and says so in `@indexed`, an `IndexMarker`); until then reads look at every run
+(reading never writes).
 """
 
 from __future__ import annotations
@@ -35,32 +30,24 @@ from step_persistence._reading import read_or_skip
 from step_persistence.records import ConversationSummary, RunRecord
 from step_persistence.stores._listing import ConversationFilter
 from step_persistence.stores.file._codec import dump_conversation_file, load_conversation_file
+from step_persistence.stores.file._entries import EntryLinks, IndexMarker, scope_of, scopes_of
 from step_persistence.stores.file._io import FileIo, real_directory
 from step_persistence.stores.file._layout import (
-    ALL_AGENTS,
     CONVERSATIONS_DIRECTORY_NAME,
     INDEXED_MARKER_NAME,
     LATEST_DIRECTORY_NAME,
     ConversationPaths,
     Entry,
-    run_paths,
     start_of,
     started_at_of,
     text_key,
 )
 from step_persistence.stores.file._locking import locked_file
-from step_persistence.stores.file._run_files import load_run_file, read_stamp
-from step_persistence.stores.file._sessions import foreign_run_message
 
 __all__ = ['ConversationIndex']
 
 _ATTEMPTS = 3
 """Listings of the markers `summaries` makes at most, repairing stale ones in between."""
-
-
-def _scopes(record: RunRecord) -> list[str]:
-    """The scopes a run is indexed in: its conversation's, and its agent's within it."""
-    return [ALL_AGENTS] if record.agent_name is None else [ALL_AGENTS, text_key(record.agent_name)]
 
 
 class ConversationIndex:
@@ -69,7 +56,8 @@ class ConversationIndex:
     def __init__(self, root: Path, io: FileIo) -> None:
         self.root = root
         self.io = io
-        self._indexed = False
+        self.links = EntryLinks(root, io)
+        self.marker = IndexMarker(root, root / INDEXED_MARKER_NAME, io)
 
     def _paths(self, conversation_id: str) -> ConversationPaths:
         return ConversationPaths(self.root / CONVERSATIONS_DIRECTORY_NAME / text_key(conversation_id))
@@ -107,14 +95,15 @@ class ConversationIndex:
         with self._locked(paths, record.conversation_id):
             linked: list[Path] = []
             try:
-                for scope in _scopes(record):
+                for scope in scopes_of(record):
                     self._raise(paths, scope, entry.start)
-                    linked.append(self._link(paths, scope, entry, run_file, replace=True))
+                    self.links.link(paths.entries(scope), entry, run_file, replace=True)
+                    linked.append(paths.entries(scope))
                 yield
             except BaseException:
-                for path in linked:
-                    path.unlink(missing_ok=True)
-                for scope in _scopes(record):
+                for directory in linked:
+                    self.links.take_back(directory, entry)
+                for scope in scopes_of(record):
                     self._settle(paths, scope)
                 raise
 
@@ -127,26 +116,9 @@ class ConversationIndex:
             return
         entry = Entry(start_of(record.started_at), registered_ns, record.run_id)
         with self._locked(paths):
-            for scope in _scopes(record):
-                directory = paths.entries(scope)
-                (directory / entry.name).unlink(missing_ok=True)
-                self.io.sync_directory(directory)
+            for scope in scopes_of(record):
+                self.links.unlink(paths.entries(scope), entry)
                 self._settle(paths, scope)
-
-    def _link(
-        self, paths: ConversationPaths, scope: str, entry: Entry, run_file: Path, *, replace: bool = False
-    ) -> Path:
-        """Link the entry to `run_file`; an entry of that name already there stays, unless `replace`."""
-        directory = paths.entries(scope)
-        directory.mkdir(parents=True, exist_ok=True)
-        real_directory(directory)
-        path = directory / entry.name
-        if replace:
-            path.unlink(missing_ok=True)  # a new run.json is not there yet: no reader misses the entry
-        with suppress(FileExistsError):
-            os.link(run_file, path)
-        self.io.sync_directory(directory)
-        return path
 
     def _state(self, paths: ConversationPaths, scope: str) -> int | None:
         """The start the scope's marker carries, as `latest.<scope>` says (`None`: no marker)."""
@@ -168,10 +140,7 @@ class ConversationIndex:
         `search`: also remove every other marker of the conversation (repairing after a crash).
         """
         directory = paths.entries(scope)
-        newest = next(
-            (entry for entry in self._entries(paths, scope, newest_first=True) if self._is_valid(directory, entry)),
-            None,
-        )
+        newest = next(self.links.valid(directory, newest_first=True), None)
         truth = None if newest is None else newest.start
         current = self._state(paths, scope)
         if search:
@@ -215,59 +184,15 @@ class ConversationIndex:
 
     # --- reading ---
 
-    def _is_valid(self, directory: Path, entry: Entry) -> bool:
-        """Whether the entry stands for the run's current registration: it is that `run.json` (or, in a
-        copy of the store made without its hard links, the run has the entry's stamp and bytes)."""
-        paths = run_paths(self.root, entry.run_id)
-        try:
-            linked = os.lstat(directory / entry.name)
-            current = os.lstat(paths.run_file)
-        except (FileNotFoundError, NotADirectoryError):
-            return False
-        if os.path.samestat(linked, current):
-            return True
-        if linked.st_nlink != 1 or current.st_nlink != 1:
-            return False
-        try:
-            same = self.io.read_all(directory / entry.name) == self.io.read_all(paths.run_file)
-            return same and read_stamp(self.io, paths) == entry.registered_ns
-        except (OSError, ValueError):
-            return False
-
     def is_current(self, conversation_id: str, agent_name: str | None, entry: Entry) -> bool:
         """Whether an entry of `entries(conversation_id, agent_name, ...)` stands for the run's current
         registration (two `lstat`s; a copy of the store without its hard links reads the stamp)."""
-        scope = ALL_AGENTS if agent_name is None else text_key(agent_name)
-        return self._is_valid(self._paths(conversation_id).entries(scope), entry)
+        return self.links.is_valid(self._paths(conversation_id).entries(scope_of(agent_name)), entry)
 
     def record(self, conversation_id: str, agent_name: str | None, entry: Entry) -> RunRecord | None:
-        """The record of the run an entry of `entries(conversation_id, agent_name, ...)` stands for,
-        read through the entry itself (the very `run.json` of that registration, so record and
-        registration always agree); `None` when the entry is not the run's current registration.
-
-        `ValueError` if the file is unreadable or names another run, `UnsafePath` if the run's
-        directory is a symbolic link.
-        """
-        scope = ALL_AGENTS if agent_name is None else text_key(agent_name)
-        directory = self._paths(conversation_id).entries(scope)
-        paths = run_paths(self.root, entry.run_id)
-        try:
-            real_directory(paths.directory)
-            record, _ = load_run_file(self.io.read_all(directory / entry.name))
-        except (FileNotFoundError, NotADirectoryError):
-            return None
-        if record.run_id != entry.run_id:
-            raise ValueError(foreign_run_message(paths, record.run_id))
-        return record if self._is_valid(directory, entry) else None
-
-    def _entries(self, paths: ConversationPaths, scope: str, *, newest_first: bool = False) -> Iterator[Entry]:
-        """The scope's entries in order, parsed as they are consumed (names sort as entries do)."""
-        names = sorted(self.io.list_directory(paths.entries(scope)), reverse=newest_first)
-        return (entry for entry in map(Entry.parse, names) if entry is not None)
-
-    def _valid_entries(self, paths: ConversationPaths, scope: str) -> list[Entry]:
-        directory = paths.entries(scope)
-        return [entry for entry in self._entries(paths, scope) if self._is_valid(directory, entry)]
+        """The record of the run an entry of `entries(conversation_id, agent_name, ...)` stands for
+        (`EntryLinks.record`)."""
+        return self.links.record(self._paths(conversation_id).entries(scope_of(agent_name)), entry)
 
     def entries(self, conversation_id: str, agent_name: str | None, *, newest_first: bool) -> Iterator[Entry]:
         """The entries of the conversation's runs (of `agent_name`'s, when given), in `list_runs` order
@@ -275,14 +200,14 @@ class ConversationIndex:
 
         Not checked: the caller reads each run's record, which says whether it is still that run.
         """
-        scope = ALL_AGENTS if agent_name is None else text_key(agent_name)
-        return self._entries(self._paths(conversation_id), scope, newest_first=newest_first)
+        directory = self._paths(conversation_id).entries(scope_of(agent_name))
+        return self.links.listed(directory, newest_first=newest_first)
 
     def summaries(self, chosen: ConversationFilter) -> list[ConversationSummary]:
         """`list_conversations`: reads only the summaries it returns (plus those tied with the last one,
         and any marker it finds stale)."""
         checked_limit, newest_first = chosen.limit, chosen.newest_first
-        scope = ALL_AGENTS if chosen.agent_name is None else text_key(chosen.agent_name)
+        scope = scope_of(chosen.agent_name)
         found: list[ConversationSummary] = []
         for attempt in range(_ATTEMPTS):
             markers = sorted(self._listed(scope), reverse=newest_first)
@@ -338,7 +263,8 @@ class ConversationIndex:
 
     def _summary(self, key: str, scope: str) -> ConversationSummary | None:
         paths = ConversationPaths(self.root / CONVERSATIONS_DIRECTORY_NAME / key)
-        entries = self._valid_entries(paths, scope)
+        directory = paths.entries(scope)
+        entries = list(self.links.valid(directory))
         if not entries:
             return None
         return ConversationSummary(
@@ -354,28 +280,19 @@ class ConversationIndex:
     def is_indexed(self) -> bool:
         """Whether the index covers every run (`False` for a store directory written before the index, until
         its first write indexes it: reads there look at every run instead, and write nothing)."""
-        if not self._indexed:
-            self._indexed = (self.root / INDEXED_MARKER_NAME).exists()
-        return self._indexed
+        return self.marker.is_set()
 
-    def ensure_indexed(self, every_run: Callable[[], list[tuple[RunRecord, int]]]) -> None:
+    def ensure_indexed(self, every_run: Callable[[], Iterable[tuple[RunRecord, int]]]) -> None:
         """Before a write: index every run of a store directory written before the conversation index (once)."""
-        if self.is_indexed():
+        self.marker.ensure(every_run, self._index_stored)
+
+    def _index_stored(self, record: RunRecord, registered_ns: int) -> None:
+        if record.conversation_id is None:
             return
-        if not self.root.exists():
-            return  # nothing to index yet; a registration creates the directory
-        for record, registered_ns in every_run():
-            if record.conversation_id is None:
-                continue
-            paths = self._paths(record.conversation_id)
-            entry = Entry(start_of(record.started_at), registered_ns, record.run_id)
-            with self._locked(paths, record.conversation_id):
-                for scope in _scopes(record):
-                    self._raise(paths, scope, entry.start)
-                    try:
-                        self._link(paths, scope, entry, run_paths(self.root, record.run_id).run_file)
-                    except FileNotFoundError:
-                        self._settle(paths, scope)  # deleted meanwhile
-        with suppress(FileExistsError):
-            self.io.create(self.root / INDEXED_MARKER_NAME, b'')
-        self._indexed = True
+        paths = self._paths(record.conversation_id)
+        entry = Entry(start_of(record.started_at), registered_ns, record.run_id)
+        with self._locked(paths, record.conversation_id):
+            for scope in scopes_of(record):
+                self._raise(paths, scope, entry.start)
+                if not self.links.link_stored(paths.entries(scope), entry):
+                    self._settle(paths, scope)  # deleted or registered again meanwhile

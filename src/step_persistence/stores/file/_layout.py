@@ -24,6 +24,10 @@
     agents/<key>/<entry>      the same, for the runs of one agent (`key`: the SHA-256 of its name)
     latest.<scope>            the start its marker in @latest/<scope>/ is named by
   @latest/<scope>/<start>.<key>   per conversation (scope `all`) or per agent in it: named by its newest start
+  @runs/                      the store-wide run index
+    all/<entry>               a hard link to each run's run.json (`entry` sorts by start)
+    agents/<key>/<entry>      the same, for the runs of one agent (`key`: the SHA-256 of its name)
+    indexed                   present once the run index covers every run
   @origins/<key>              per continued snapshot (`key`: SHA-256 of run id and seq): the run continuing it
   @indexed                    present once the conversation index covers every run
   @media/                     media blobs of the default DiskMediaStore
@@ -56,11 +60,13 @@ __all__ = [
     'MEDIA_DIRECTORY_NAME',
     'ORIGINS_DIRECTORY_NAME',
     'RESERVED_NAMES',
+    'RUNS_DIRECTORY_NAME',
     'RUN_FILE_NAME',
     'WORK_DIRECTORY_NAME',
     'ConversationPaths',
     'Entry',
     'LinePaths',
+    'RunIndexPaths',
     'RunPaths',
     'is_run_directory_name',
     'line_paths',
@@ -83,6 +89,7 @@ CONVERSATIONS_DIRECTORY_NAME = '@conversations'
 LATEST_DIRECTORY_NAME = '@latest'
 ORIGINS_DIRECTORY_NAME = '@origins'
 INDEXED_MARKER_NAME = '@indexed'
+RUNS_DIRECTORY_NAME = '@runs'
 RESERVED_NAMES = frozenset(
     {
         MEDIA_DIRECTORY_NAME,
@@ -92,12 +99,13 @@ RESERVED_NAMES = frozenset(
         LATEST_DIRECTORY_NAME,
         ORIGINS_DIRECTORY_NAME,
         INDEXED_MARKER_NAME,
+        RUNS_DIRECTORY_NAME,
     }
 )
 RUN_FILE_NAME = 'run.json'
 """A run's record, in its directory."""
 ALL_AGENTS = 'all'
-"""The scope of a conversation's index over all its runs (an agent's scope is a 64-digit hex key)."""
+"""The scope of an index over all its runs (an agent's scope is a 64-digit hex key)."""
 
 _LINE_ID = re.compile(r'[0-9a-f]{32}')
 
@@ -134,7 +142,7 @@ def started_at_of(start: int) -> datetime:
 
 @dataclass(frozen=True, order=True)
 class Entry:
-    """A run in a conversation's index: its start, registration stamp and id, in `list_runs` order."""
+    """A run in an index: its start, registration stamp and id, in `list_runs` order."""
 
     start: int
     registered_ns: int
@@ -270,6 +278,22 @@ class ConversationPaths:
     def latest(self, scope: str) -> Path:
         """The file naming the start `scope`'s marker in `@latest/<scope>/` carries."""
         return self.directory / f'latest.{scope}'
+
+
+@dataclass(frozen=True)
+class RunIndexPaths:
+    """The paths of the store-wide run index (`@runs`)."""
+
+    directory: Path
+
+    def entries(self, scope: str) -> Path:
+        """The directory of the entries of `scope` (`ALL_AGENTS`, or an agent's key)."""
+        return self.directory / scope if scope == ALL_AGENTS else self.directory / 'agents' / scope
+
+    @property
+    def indexed_marker(self) -> Path:
+        """Present once the run index covers every run of the store."""
+        return self.directory / 'indexed'
 
 
 def is_run_directory_name(name: str) -> bool:

@@ -12,7 +12,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from datetime import timedelta
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -45,6 +45,7 @@ from step_persistence.stores._listing import ConversationFilter, RunFilter, conv
 from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MediaSetting, MessageMedia, PackedMessage
 from step_persistence.stores._pruning import PrunesOldRuns
 from step_persistence.stores.file import reclaiming as file_reclaiming
+from step_persistence.stores.file._all_runs import AllRunsIndex
 from step_persistence.stores.file._codec import (
     LegacyHistory,
     LineView,
@@ -183,6 +184,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         self._saves = HistorySaves(self._io, self._lines)
         self._usage = LineUsage(self.directory, self._io, self._lines)
         self._conversations = ConversationIndex(self.directory, self._io)
+        self._all_runs = AllRunsIndex(self.directory, self._io)
         self._origins = OriginClaims(self.directory, self._io)
 
     @property
@@ -245,7 +247,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         nothing changed) if the run's directory exists."""
         paths = run_paths(self.directory, record.run_id)
         staging = self._work_directory() / f'register-{secrets.token_hex(8)}'
-        self._conversations.ensure_indexed(self._read_all_runs)
+        self._ensure_indexed()
         staging.mkdir()
         try:
             staged = RunPaths(staging)
@@ -260,7 +262,10 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
                     self._io.create(journal, b'')
                 staged.snapshots.mkdir()
                 self._io.sync_directory(staging)
-                with self._conversations.registering(stored, registered_ns, staged.run_file):
+                with (
+                    self._conversations.registering(stored, registered_ns, staged.run_file),
+                    self._all_runs.registering(stored, registered_ns, staged.run_file),
+                ):
                     self._io.barrier()  # the staged files and the index entries before the run appears
                     try:
                         os.rename(staging, paths.directory)
@@ -275,6 +280,12 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             shutil.rmtree(staging, ignore_errors=True)
         return True
 
+    def _ensure_indexed(self) -> None:
+        """Index every run of a store directory written before an index (once: each index then leaves its marker)."""
+        every_run = cache(self._read_all_runs)
+        self._conversations.ensure_indexed(every_run)
+        self._all_runs.ensure_indexed(every_run)
+
     def _fill_bare_run(self, record: RunRecord) -> None:
         """Under the run's lock: claim its origin and index it, then replace its `run.json` and unmark it
         (`_run_files.py`); `ValueError` if the run is not bare. Its stamp, incarnation and files stay."""
@@ -283,6 +294,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             registered_ns, bare = read_registration(self._io, paths)
             if not bare:
                 raise ValueError(f'run {record.run_id!r} is already registered')
+            replaced = index.record(self._io)
             staging = self._work_directory() / f'fill-{secrets.token_hex(8)}'
             staging.mkdir()
             try:
@@ -290,7 +302,10 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
                     stored = record if origin == record.origin else record.model_copy(update={'origin': origin})
                     staged = staging / RUN_FILE_NAME
                     self._io.create(staged, dump_run_file(stored))
-                    with self._conversations.registering(stored, registered_ns, staged):
+                    with (
+                        self._conversations.registering(stored, registered_ns, staged),
+                        self._all_runs.registering(stored, registered_ns, staged, replacing=replaced),
+                    ):
                         self._io.barrier()
                         os.rename(staged, paths.run_file)
                         self._io.sync_directory(paths.directory)
@@ -366,8 +381,10 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     ) -> list[RunRecord]:
         """Matching runs, oldest first; a run whose `run.json` is unreadable is skipped and logged.
 
-        With `conversation_id`, only the conversation's runs are read (newest first and `limit`:
-        only as many as are returned); otherwise every `run.json` is.
+        Runs are found through an index (the conversation's with `conversation_id`, else the store's,
+        the agent's with `agent_name`) and read in order until `limit` match: with only those filters
+        (and `run_id_prefix`, tested on the names), only the `run.json` files returned are read. In a
+        store directory written before the index, until its first write, every `run.json` is read.
         """
         chosen = RunFilter(
             parent_run_id=parent_run_id,
@@ -378,30 +395,36 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             limit=limit,
             newest_first=newest_first,
         )
-        if conversation_id is None:
-            return await self._runs.in_thread(partial(self._list_every_run, chosen))
-        return await self._runs.in_thread(partial(self._conversation_runs, chosen, conversation_id))
+        return await self._runs.in_thread(partial(self._list_runs, chosen))
 
-    def _conversation_runs(self, chosen: RunFilter, conversation_id: str) -> list[RunRecord]:
-        """`list_runs` of one conversation, through its index: records read in order until `limit` match."""
-        if not self._conversations.is_indexed():
-            return self._list_every_run(chosen)
+    def _list_runs(self, chosen: RunFilter) -> list[RunRecord]:
+        agent_name, newest_first = chosen.agent_name, chosen.newest_first
+        conversation_id = chosen.conversation_id
+        if conversation_id is not None and self._conversations.is_indexed():
+            entries = self._conversations.entries(conversation_id, agent_name, newest_first=newest_first)
+            return self._indexed_runs(chosen, entries, partial(self._conversations.record, conversation_id, agent_name))
+        if conversation_id is None and self._all_runs.is_indexed():
+            entries = self._all_runs.entries(agent_name, newest_first=newest_first)
+            return self._indexed_runs(chosen, entries, partial(self._all_runs.record, agent_name))
+        return self._list_every_run(chosen)
+
+    def _indexed_runs(
+        self, chosen: RunFilter, entries: Iterable[Entry], record_of: Callable[[Entry], RunRecord | None]
+    ) -> list[RunRecord]:
+        """`list_runs` through an index's `entries` (in its order): `record_of(entry)` read for each entry whose
+        run id `chosen` admits, until `limit` match; an entry that is not its run any more (`None`) is passed,
+        an unreadable one skipped and logged."""
         found: list[RunRecord] = []
-        for entry in self._conversations.entries(conversation_id, chosen.agent_name, newest_first=chosen.newest_first):
-            record = self._indexed_run(entry, conversation_id, chosen.agent_name)
+        for entry in entries:
+            if not chosen.admits_run_id(entry.run_id):
+                continue
+            path = os.path.join(self.directory, entry.run_id, RUN_FILE_NAME)
+            record = read_or_skip(f'run file {path}', partial(record_of, entry))
             if record is not None and chosen.matches(record):
                 found.append(record)
                 if len(found) == chosen.limit:
                     break
         return found
-
-    def _indexed_run(self, entry: Entry, conversation_id: str, agent_name: str | None) -> RunRecord | None:
-        """The record an index entry stands for; `None` (or skipped and logged) when it is not that run any more."""
-        path = os.path.join(self.directory, entry.run_id, RUN_FILE_NAME)
-        record = read_or_skip(
-            f'run file {path}', partial(self._conversations.record, conversation_id, agent_name, entry)
-        )
-        return record if record is not None and record.conversation_id == conversation_id else None
 
     async def list_conversations(
         self, *, limit: int | None = None, newest_first: bool = True, agent_name: str | None = None
@@ -468,8 +491,9 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         return history_digest(version.digest for version in versions)
 
     def _list_every_run(self, chosen: RunFilter) -> list[RunRecord]:
-        """`list_runs` without a conversation: every `run.json` is read, and the registration stamps of
-        only the matching runs that share their `started_at` with another (the only order a stamp decides)."""
+        """`list_runs` in a store directory written before the index: every `run.json` is read, and the
+        registration stamps of only the matching runs that share their `started_at` with another (the only
+        order a stamp decides)."""
         found = [pair for pair in self._each_run(self._read_listed, chosen.admits_run_id) if chosen.matches(pair[0])]
         shared = Counter(record.started_at for record, _ in found)
 
@@ -536,6 +560,7 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
         if record is not None:
             if stamp is not None:
                 self._conversations.remove(record, stamp)
+                self._all_runs.remove(record, stamp)
             self._origins.release(record.origin, run_id, incarnation)
         for line in sorted(lines or ()):
             self._usage.remove_if_unused(line, user=(run_id, incarnation))
