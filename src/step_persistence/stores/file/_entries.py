@@ -1,7 +1,7 @@
 """Index entries: runs listed by one directory's names, each a hard link to its `run.json`.
 
 The mechanism of both indexes of the file store: the conversation index (`_conversations.py`) and
-the store-wide run index (`_run_index.py`).
+the store-wide run index (`_all_runs.py`).
 
 **Entries.** A run's entry is named `<start>.<registration>.<run_id>` (`Entry.name`) with fixed-width
 numbers, so sorted names are `list_runs` order. It is a hard link to the run's `run.json`: it counts
@@ -9,10 +9,11 @@ only while it is the very file `<run_id>/run.json` names (two `lstat`s, no read)
 a registration, a bare run's filling or a deletion that crashed halfway, or by an earlier
 registration of the same run id, never counts. (An entry that is a file of its own, as in a copy of
 the store made without its hard links, or left by a crash, is compared with the run's `run.json` by
-the registration stamp and their bytes, read.) An entry is made before the `run.json` it links appears (the registration's or the filling's,
-staged), replacing one of the same name a crashed filling left, and removed after its run is gone.
-So in an indexed store every run has its entries; a run directory without one came from elsewhere
-(copied in by hand, or written by a version of the library without the index).
+the registration stamp and their bytes, read.) An entry is made before the `run.json` it links
+appears (the registration's or the filling's, staged), replacing one of the same name a crashed
+filling left, and removed after its run is gone. So in an indexed store every run has its entries;
+a run directory without one came from elsewhere (copied in by hand, or written by a version of the
+library without the index).
 
 **Scopes.** An index lists all its runs in one directory (scope `ALL_AGENTS`) and the runs of each
 agent in another (scope: the agent name's key).
