@@ -7,7 +7,7 @@ tests/durable/test_durable_crash.py.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -23,11 +23,10 @@ from step_persistence.durable import (
 )
 from step_persistence.records import utc_now
 from support.backends import BACKENDS
-from support.durable_agents import AGENT_NAME, Calls, build_agent
+from support.durable_agents import AGENT_NAME, Calls, build_agent, wait_until
 
 pytestmark = pytest.mark.anyio
 
-WAIT_LIMIT = 2000
 LEASE = timedelta(seconds=0.3)
 
 
@@ -35,14 +34,6 @@ LEASE = timedelta(seconds=0.3)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[StepStore]:
     async with BACKENDS[request.param].open(request) as session:
         yield await session.make()
-
-
-async def _wait_until(condition: Callable[[], Any]) -> None:
-    for _ in range(WAIT_LIMIT):
-        if await condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError('the condition never held')
 
 
 async def _workflow(store: StepStore) -> WorkflowRecord:
@@ -63,12 +54,17 @@ def _hold_inside_charge(calls: Calls) -> tuple[asyncio.Event, asyncio.Event]:
     return inside, release
 
 
-async def test_a_heartbeat_keeps_a_slow_run_from_being_claimed(store: StepStore) -> None:
-    calls = Calls()
+async def _inside_charge(store: StepStore, calls: Calls) -> tuple[asyncio.Task[Any], asyncio.Event, WorkflowRecord]:
+    """Start the workflow with a short lease and wait until `charge` runs: the run, its release, the workflow."""
     inside, release = _hold_inside_charge(calls)
     run = asyncio.create_task(build_agent(store, calls, lease_duration=LEASE).run('two items', run_id='order-1'))
     await inside.wait()
-    first = await _workflow(store)
+    return run, release, await _workflow(store)
+
+
+async def test_a_heartbeat_keeps_a_slow_run_from_being_claimed(store: StepStore) -> None:
+    calls = Calls()
+    run, release, first = await _inside_charge(store, calls)
     assert first.lease_expires_at is not None and first.owner is not None
 
     async def renewed_past_two_leases() -> bool:
@@ -76,7 +72,7 @@ async def test_a_heartbeat_keeps_a_slow_run_from_being_claimed(store: StepStore)
         assert current.lease_expires_at is not None
         return current.lease_expires_at > first.lease_expires_at + 2 * LEASE  # type: ignore[operator]
 
-    await _wait_until(renewed_past_two_leases)  # the run outlived its first lease twice over
+    await wait_until(renewed_past_two_leases)  # the run outlived its first lease twice over
     assert await recover_abandoned(store, agents=[build_agent(store, Calls())]) == []
     now = utc_now()
     refused = await journal_for(store).claim_workflow(
@@ -92,10 +88,7 @@ async def test_a_heartbeat_keeps_a_slow_run_from_being_claimed(store: StepStore)
 
 async def test_a_run_that_lost_its_lease_stops_at_its_next_unit(store: StepStore) -> None:
     calls = Calls()
-    inside, release = _hold_inside_charge(calls)
-    run = asyncio.create_task(build_agent(store, calls, lease_duration=LEASE).run('two items', run_id='order-1'))
-    await inside.wait()
-    held = await _workflow(store)
+    run, release, held = await _inside_charge(store, calls)
     later = utc_now() + timedelta(hours=1)  # another process, whose clock says the lease expired long ago
     taken = await journal_for(store).claim_workflow(
         workflow_id='order-1', owner='another process', lease_expires_at=later + LEASE, now=later
@@ -163,3 +156,28 @@ async def test_recovery_skips_what_it_cannot_resume() -> None:
         assert stored is not None and (stored.owner, stored.fencing_epoch) == (None, 0)  # not claimed
     with pytest.raises(ValueError, match='two agents are named'):
         await recover_abandoned(store, agents=[build_agent(store, Calls()), build_agent(store, Calls())])
+
+
+async def test_a_lease_expired_by_the_runs_clock_is_renewed_before_its_next_unit() -> None:
+    """The heartbeat fell behind (here: the clock jumps past the expiry): the next unit renews the lease first."""
+    store = InMemoryStepStore()
+    offset = [timedelta(0)]
+    calls = Calls()
+    inside, release = _hold_inside_charge(calls)
+    seen: list[WorkflowRecord] = []
+
+    async def note_the_lease() -> None:
+        seen.append(await _workflow(store))
+
+    calls.hooks['model:2'] = note_the_lease
+    agent = build_agent(store, calls, lease_duration=timedelta(hours=1), clock=lambda: utc_now() + offset[0])
+    run = asyncio.create_task(agent.run('two items', run_id='order-1'))
+    await inside.wait()
+    before = await _workflow(store)
+    offset[0] = timedelta(hours=2)  # past the lease's expiry, by the run's clock
+    release.set()
+    assert (await run).output == 'done: reserve=reserved A-1, charge=charged 1250'
+    [during] = seen
+    assert before.lease_expires_at is not None and during.lease_expires_at is not None
+    assert during.lease_expires_at - before.lease_expires_at >= timedelta(hours=2)
+    assert (during.owner, during.fencing_epoch) == (before.owner, before.fencing_epoch)

@@ -11,7 +11,7 @@ import asyncio
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,27 +30,16 @@ from step_persistence.durable import child_workflow_id, journal_for
 from step_persistence.durable.engine import StepDurability
 from step_persistence.durable.errors import CodeVersionMismatchError, InFlightUnitError, ReplayDivergedError
 from support.backends import BACKENDS
-from support.durable_agents import DELEGATE_CALL, Calls, build_agent, build_delegating_agent
+from support.durable_agents import DELEGATE_CALL, Calls, build_agent, build_delegating_agent, wait_until
 from support.recording import RecordingStore
 
 pytestmark = pytest.mark.anyio
-
-WAIT_LIMIT = 2000
-"""Rounds of the event loop a test waits for a condition before failing."""
 
 
 @pytest.fixture(params=['file', 'memory', 'mongo', 'postgres', 'sqlite'])
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[StepStore]:
     async with BACKENDS[request.param].open(request) as session:
         yield await session.make()
-
-
-async def _wait_until(condition: Callable[[], Any]) -> None:
-    for _ in range(WAIT_LIMIT):
-        if await condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError('the condition never held')
 
 
 async def _completed(store: StepStore, run_id: str, tool_call_id: str) -> bool:
@@ -65,7 +54,7 @@ async def _stop_inside(store: StepStore, where: str, run_id: str, **options: Any
 
     async def hang() -> None:
         if where == 'charge':  # its sibling's unit completes first, so exactly one call is in flight
-            await _wait_until(lambda: _completed(store, run_id, 'call-reserve'))
+            await wait_until(lambda: _completed(store, run_id, 'call-reserve'))
         entered.set()
         await asyncio.Event().wait()
 
@@ -321,7 +310,7 @@ async def _stop_inside_the_delegate(store: StepStore, run_id: str, **options: An
     entered = asyncio.Event()
 
     async def hang() -> None:
-        await _wait_until(lambda: _completed(store, child_id, 'call-reserve'))
+        await wait_until(lambda: _completed(store, child_id, 'call-reserve'))
         entered.set()
         await asyncio.Event().wait()
 

@@ -18,6 +18,18 @@ from step_persistence.durable.policies import METADATA_KEY
 
 AGENT_NAME = 'orders'
 
+WAIT_LIMIT = 2000
+"""Rounds of the event loop a test waits for a condition before failing."""
+
+
+async def wait_until(condition: Callable[[], Any]) -> None:
+    """Poll `condition` (a coroutine function) until it returns true; `AssertionError` after `WAIT_LIMIT` rounds."""
+    for _ in range(WAIT_LIMIT):
+        if await condition():
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError('the condition never held')
+
 
 @dataclass
 class Calls:
