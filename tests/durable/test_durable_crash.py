@@ -207,3 +207,24 @@ async def test_two_processes_racing_to_recover_one_workflow(session: BackendSess
     # One process resumed it: the call in flight and the last request ran once more, not twice.
     assert _ran(calls) == {'model': 2, 'reserve': 1, 'charge': 2}
     await _check_one_record(session)
+
+
+@pytest.mark.parametrize('session', ['file', 'sqlite'], indirect=True)
+async def test_a_crashed_delegating_run_is_recovered_with_its_child(session: BackendSession, tmp_path: Path) -> None:
+    """Recovery resumes the parent, whose tool re-enters the child (taking over the child's lease, which the dead
+    process may have renewed after the parent's); the child's own workflow is left to its parent."""
+    calls = tmp_path / 'calls.txt'
+    assert await _child(session, calls, crash_at='charge', delegate=True) == CRASH_STATUS
+    await _lease_expired(session)
+    status, recoveries = await _run_child(session, calls, crash_at=None, recover=True, delegate=True)
+    assert status == 0
+    child_id = child_workflow_id('order-42', DELEGATE_CALL)
+    assert {workflow_id: (outcome, output) for workflow_id, outcome, output in recoveries} == {
+        'order-42': ('resumed', f'desk: delegate={OUTPUT}'),
+        child_id: ('skipped', None),
+    }
+    assert _ran(calls) == {'desk-model': 2, 'model': 2, 'reserve': 1, 'charge': 2}
+    async with from_spec(**spec_of(session)) as store:
+        for workflow_id in ('order-42', child_id):
+            workflow = await journal_for(store).get_workflow(workflow_id=workflow_id)
+            assert workflow is not None and (workflow.status, workflow.owner) == ('completed', None)

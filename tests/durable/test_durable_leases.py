@@ -15,15 +15,17 @@ import pytest
 
 from step_persistence import InMemoryStepStore, StepStore
 from step_persistence.durable import (
+    Fence,
     LeaseLostError,
     WorkflowHeldError,
     WorkflowRecord,
+    child_workflow_id,
     journal_for,
     recover_abandoned,
 )
 from step_persistence.records import utc_now
 from support.backends import BACKENDS
-from support.durable_agents import AGENT_NAME, Calls, build_agent, wait_until
+from support.durable_agents import AGENT_NAME, DELEGATE_CALL, Calls, build_agent, build_delegating_agent, wait_until
 
 pytestmark = pytest.mark.anyio
 
@@ -181,3 +183,35 @@ async def test_a_lease_expired_by_the_runs_clock_is_renewed_before_its_next_unit
     assert before.lease_expires_at is not None and during.lease_expires_at is not None
     assert during.lease_expires_at - before.lease_expires_at >= timedelta(hours=2)
     assert (during.owner, during.fencing_epoch) == (before.owner, before.fencing_epoch)
+
+
+async def test_a_resumed_parent_takes_over_its_childs_lease() -> None:
+    """A child workflow's lease held by a stale run (the dead process renewed it after its parent's) is taken over by
+    the parent that holds its own lease and runs the delegating tool again; the new epoch fences the stale run."""
+    store = InMemoryStepStore()
+    journal = journal_for(store)
+    orders = Calls()
+    inside, release = _hold_inside_charge(orders)
+    run = asyncio.create_task(
+        build_delegating_agent(store, Calls(), orders, idempotent_b=True).run('desk work', run_id='desk-1')
+    )
+    await inside.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    child_id = child_workflow_id('desk-1', DELEGATE_CALL)
+    now = utc_now()
+    stale = await journal.claim_workflow(
+        workflow_id=child_id, owner='stale run', lease_expires_at=now + timedelta(hours=1), now=now
+    )
+    assert stale is not None and stale.owner == 'stale run'
+    release.set()
+    again = build_delegating_agent(store, Calls(), Calls(), idempotent_b=True)
+    result = await again.run('desk work', run_id='desk-1')
+    assert result.output == 'desk: delegate=done: reserve=reserved A-1, charge=charged 1250'
+    child = await journal.get_workflow(workflow_id=child_id)
+    assert child is not None and (child.status, child.fencing_epoch) == ('completed', stale.fencing_epoch + 1)
+    with pytest.raises(LeaseLostError):
+        await journal.end_workflow(
+            workflow_id=child_id, status='failed', fence=Fence(owner='stale run', epoch=stale.fencing_epoch)
+        )
