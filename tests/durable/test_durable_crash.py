@@ -182,7 +182,6 @@ async def test_a_crashed_run_is_recovered_once_its_lease_expires(session: Backen
     assert (status, recoveries) == (0, [])  # nothing is abandoned any more
 
 
-@pytest.mark.parametrize('session', ['postgres', 'sqlite'], indirect=True)
 async def test_two_processes_racing_to_recover_one_workflow(session: BackendSession, tmp_path: Path) -> None:
     """Both start recovering together once the lease expired: exactly one resumes the workflow."""
     calls = tmp_path / 'calls.txt'
