@@ -188,3 +188,15 @@ async def test_a_directory_written_before_the_index_is_read_then_indexed_by_its_
     found, cost = await _cost(fresh, partial(fresh.list_runs))
     assert found == [*listed, new] and cost == (len(listed) + 1, 1)
     assert await fresh.list_runs(newest_first=True, limit=2) == [new, listed[-1]]
+
+
+async def test_pruning_reads_only_the_runs_older_than_the_cutoff(tmp_path: Path) -> None:
+    registered = await _fill(FileStepStore(tmp_path, fsync=False), 200)
+    store = FileStepStore(tmp_path, fsync=False)
+    cutoff = T0 + timedelta(seconds=5)
+    older, cost = await _cost(store, partial(store.runs_started_before, cutoff))
+    expected = [record for record in RunFilter().select(registered) if record.started_at < cutoff]
+    assert older == expected and cost == (len(expected), 1)
+    pruned = await store.prune_runs(older_than=cutoff, statuses=None, include_running=True)
+    assert sorted(pruned) == sorted(record.run_id for record in expected)
+    assert await store.list_runs() == [record for record in RunFilter().select(registered) if record not in expected]

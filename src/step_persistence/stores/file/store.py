@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import itertools
 import os
 import secrets
 import shutil
@@ -11,7 +12,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from functools import cache, partial
 from pathlib import Path
 from typing import Any, TypeVar
@@ -66,6 +67,7 @@ from step_persistence.stores.file._layout import (
     RunPaths,
     is_run_directory_name,
     run_paths,
+    start_of,
 )
 from step_persistence.stores.file._lines import Lines
 from step_persistence.stores.file._locking import RunNotRegistered, new_incarnation
@@ -407,6 +409,20 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             entries = self._all_runs.entries(agent_name, newest_first=newest_first)
             return self._indexed_runs(chosen, entries, partial(self._all_runs.record, agent_name))
         return self._list_every_run(chosen)
+
+    async def runs_started_before(self, cutoff: datetime) -> list[RunRecord] | None:
+        """For `prune_runs`: the runs that started before `cutoff`, oldest first, through the run index (its
+        entries' names carry the starts: only those runs are read); `None` in a store directory written
+        before the index (every run is judged)."""
+        return await self._runs.in_thread(partial(self._runs_started_before, cutoff))
+
+    def _runs_started_before(self, cutoff: datetime) -> list[RunRecord] | None:
+        if not self._all_runs.is_indexed():
+            return None
+        end = start_of(cutoff)
+        entries = self._all_runs.entries(None, newest_first=False)
+        older = itertools.takewhile(lambda entry: entry.start < end, entries)
+        return self._indexed_runs(RunFilter(), older, partial(self._all_runs.record, None))
 
     def _indexed_runs(
         self, chosen: RunFilter, entries: Iterable[Entry], record_of: Callable[[Entry], RunRecord | None]
