@@ -12,7 +12,8 @@ fast on a store of 100,000 runs").
   every run of an agent, would do ten times the work. A read of every run is measured the same way
   as a control.
 
-The memory and file stores have no index to show: docs/inspector.md says what their pages read.
+The memory store has no index to show, and the file store no query plans (its run list is counted in
+tests/file_store/test_file_run_index.py): docs/inspector.md says what their pages read.
 """
 
 from __future__ import annotations

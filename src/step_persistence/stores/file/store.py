@@ -144,8 +144,9 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     each message once. A snapshot writes only the messages that changed since the view it builds
     on and refers to its history in constant space, so the bytes read and written by
     `append_event`, `save_snapshot` and `record_tool_effect` do not grow with the run or the
-    conversation (`io_counters` counts them). Listing a conversation's runs, conversations and
-    finding a snapshot by its history go through an index on disk, not through every run.
+    conversation (`io_counters` counts them). Listing runs (of the store, an agent or a
+    conversation), conversations and finding a snapshot by its history go through an index on
+    disk, not through every run.
 
     `fsync=True` (the default) makes every write durable before the call returns, so a power
     loss cannot lose an acknowledged write; `fsync=False` keeps writes safe against a crash of
