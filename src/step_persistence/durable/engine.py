@@ -232,8 +232,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             clock=self.clock,
             take_over=parent is not None,
         )
-        async with lease.heartbeat():
-            return await self._run_holding(ctx, handler, journal, record, lease, inputs)
+        return await self._run_holding(ctx, handler, journal, record, lease, inputs)
 
     async def _run_holding(
         self,
@@ -244,7 +243,8 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         lease: Lease,
         inputs: dict[str, Any],
     ) -> AgentRunResult[Any]:
-        """Run the workflow `record` holding `lease`: replay and journal its units, end it (fenced)."""
+        """Run the workflow `record` holding `lease` (renewed by a heartbeat): replay and journal its units, end it
+        (fenced)."""
         workflow_id = record.workflow_id
         try:
             if record.attempts > 1:
@@ -273,8 +273,10 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         durable_token = DURABLE_RUN.set(durable)
         delegating_token = DELEGATING_UNIT.set(None)  # the run's own tool units are the parents of its delegates
         try:
-            with replay_scope():
-                result = await super().wrap_run(ctx, handler=handler)
+            # The heartbeat stops before the workflow's end, which releases the lease.
+            async with lease.heartbeat():
+                with replay_scope():
+                    result = await super().wrap_run(ctx, handler=handler)
         except BaseException:
             try:
                 await run_to_completion(
