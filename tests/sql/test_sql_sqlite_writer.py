@@ -135,3 +135,20 @@ async def test_the_thread_ends_when_stopped_and_starts_again(engine: Engine, wri
     assert not first.is_alive()
     second = await writer.run(on_which_thread, write=False)
     assert second is not first and second.is_alive()
+
+
+async def test_a_connection_that_fails_to_open_fails_its_group_and_the_next_one_opens(
+    engine: Engine, writer: SqliteWriter
+) -> None:
+    engine.dispose()  # the fixture's connections are closed: the writer's first checkout connects anew
+    refusals = ['disk unavailable']
+
+    @event.listens_for(engine, 'connect')
+    def refuse_once(dbapi_connection: object, record: object) -> None:
+        if refusals:
+            raise OSError(refusals.pop())
+
+    with pytest.raises(OSError, match='disk unavailable'):
+        await writer.run(insert('refused'), write=True)
+    assert await writer.run(insert('after'), write=True) == 'after'
+    assert stored(engine) == ['after']

@@ -19,6 +19,7 @@ after a group that failed), so a group pays no checkout or check-in of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import queue
 import threading
 from collections.abc import Callable
@@ -90,14 +91,10 @@ class SqliteWriter:
         connection: Connection | None = None
         try:
             while group := self._take():
-                if connection is None:
-                    connection = self._engine.connect()
-                if not self._run(connection, group):
-                    connection.close()  # a fresh one for the next group: nothing of a failure stays on it
-                    connection = None
+                connection = self._run(connection, group)
         finally:
             if connection is not None:
-                connection.close()
+                _discard(connection)
 
     def _take(self) -> list[_Job[Any]]:
         """The operations queued now, waiting for the first; empty when the thread should end."""
@@ -122,10 +119,13 @@ class SqliteWriter:
                 group.append(queued)
         return group
 
-    def _run(self, connection: Connection, group: list[_Job[Any]]) -> bool:
-        """Run `group` in one transaction on `connection` and hand the outcomes back; whether it committed."""
-        committed = True
+    def _run(self, connection: Connection | None, group: list[_Job[Any]]) -> Connection | None:
+        """Run `group` in one transaction on `connection` (`None`: a new one) and hand the outcomes back; the
+        connection for the next group, `None` after a failure (checking one out included), so that nothing of
+        a failed transaction stays on the next group's connection."""
         try:
+            if connection is None:
+                connection = self._engine.connect()
             connection.execution_options(**{WRITE_OPTION: any(job.write for job in group)})
             with connection.begin():
                 if len(group) == 1:
@@ -133,7 +133,9 @@ class SqliteWriter:
                 else:
                     _run_in_savepoints(connection, group)
         except BaseException as error:  # it ended these operations: their callers get it
-            committed = False
+            if connection is not None:
+                _discard(connection)
+                connection = None
             for job in group:
                 if job.outcome is None or job.outcome[0]:
                     job.outcome = (False, error)
@@ -145,7 +147,7 @@ class SqliteWriter:
                 loop.call_soon_threadsafe(_settle, jobs)
             except RuntimeError:
                 continue  # that event loop is closed: nobody waits for these results
-        return committed
+        return connection
 
 
 def _run_in_savepoints(connection: Connection, group: list[_Job[Any]]) -> None:
@@ -158,6 +160,12 @@ def _run_in_savepoints(connection: Connection, group: list[_Job[Any]]) -> None:
             driver.execute(f'ROLLBACK TO {_SAVEPOINT}')
             job.outcome = (False, error)
         driver.execute(f'RELEASE {_SAVEPOINT}')
+
+
+def _discard(connection: Connection) -> None:
+    """Give `connection` back to the pool; a connection that fails to close is dropped all the same."""
+    with contextlib.suppress(Exception):
+        connection.close()
 
 
 def _settle(jobs: list[_Job[Any]]) -> None:
