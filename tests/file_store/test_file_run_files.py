@@ -50,7 +50,7 @@ async def test_runs_started_together_list_in_registration_order(tmp_path: Path) 
     assert reader.io_counters.files_read == 6, 'every run.json; the index entries name the stamps'
     assert [run.run_id for run in await reader.list_runs(newest_first=True, limit=4)] == ['z', 'y', 'x', 'b']
 
-    (tmp_path / '@runs' / 'indexed').unlink()  # as if written before the run index: every run is read
+    (tmp_path / '@runs' / 'complete').unlink()  # as if written before the run index: every run is read
     unindexed = FileStepStore(tmp_path, fsync=False)
     assert [run.run_id for run in await unindexed.list_runs()] == ['c', 'a', 'b', 'x', 'y', 'z']
     assert unindexed.io_counters.files_read == 6 + 2, "every run.json, and the stamps of 'c' and 'b'"
@@ -66,7 +66,7 @@ async def test_an_unreadable_stamp_never_hides_the_run(tmp_path: Path, caplog: p
 
     reader = FileStepStore(tmp_path, fsync=False)
     assert [run.run_id for run in await reader.list_runs()] == ['first', 'second'], 'the entries name the stamps'
-    (tmp_path / '@runs' / 'indexed').unlink()  # as if written before the run index: stamps are read
+    (tmp_path / '@runs' / 'complete').unlink()  # as if written before the run index: stamps are read
     reader = FileStepStore(tmp_path, fsync=False)
     assert [run.run_id for run in await reader.list_runs()] == ['second', 'first'], 'listed, first among its ties'
     assert 'registration stamp' in caplog.text

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 from step_persistence import FileStepStore, RunRecord, StepEvent
+from step_persistence.records import RunOrigin
 from step_persistence.stores._listing import RunFilter
 from step_persistence.stores.file._layout import start_of
 
@@ -74,6 +75,29 @@ async def test_the_newest_runs_of_a_large_store_read_only_those(tmp_path: Path) 
     assert costs[:3] == costs[3:], 'the same reads among 100 runs as among 2,000'
 
 
+async def test_a_runs_delegates_and_continuations_read_only_those(tmp_path: Path) -> None:
+    costs = []
+    for count in (100, 1_000):
+        store = FileStepStore(tmp_path / str(count), fsync=False)
+        await store.register_run(RunRecord(run_id='root', started_at=T0 - timedelta(days=1)))
+        registered = await _fill(store, count)
+        for number in range(3):
+            origin = RunOrigin(kind='forked' if number else 'continued', run_id='root', seq=number + 1)
+            record = RunRecord(run_id=f'went-on-{number}', origin=origin, started_at=T0 + timedelta(days=1))
+            await store.register_run(record)
+            registered.append((record, count + number))
+        reader = FileStepStore(tmp_path / str(count), fsync=False)
+        for options in (
+            {'parent_run_id': 'root', 'limit': 5, 'newest_first': True},
+            {'origin_run_id': 'root'},
+            {'origin_run_id': 'root', 'limit': 1, 'newest_first': True},
+        ):
+            found, cost = await _cost(reader, partial(reader.list_runs, **options))
+            assert found == RunFilter(**options).select(registered)
+            costs.append(cost)
+    assert costs[:3] == costs[3:] == [(5, 1), (3, 1), (1, 1)], costs
+
+
 async def test_other_filters_combine_with_the_index(tmp_path: Path) -> None:
     registered = await _fill(FileStepStore(tmp_path, fsync=False), 60)
     store = FileStepStore(tmp_path, fsync=False)
@@ -126,7 +150,7 @@ async def test_a_copy_made_without_hard_links_lists_every_run(tmp_path: Path) ->
 
 async def test_a_run_copied_in_by_hand_is_listed_once_the_store_is_indexed_again(tmp_path: Path) -> None:
     """Registration makes a run's entries before its directory appears, so in an indexed store only a run
-    directory copied in from elsewhere has none: it is not listed until `@runs/indexed` is removed and the
+    directory copied in from elsewhere has none: it is not listed until `@runs/complete` is removed and the
     next write indexes every run again."""
     other = FileStepStore(tmp_path / 'other', fsync=False)
     await other.register_run(RunRecord(run_id='foreign', started_at=T0))
@@ -136,11 +160,11 @@ async def test_a_run_copied_in_by_hand_is_listed_once_the_store_is_indexed_again
     assert [run.run_id for run in await store.list_runs()] == ['mine']
     assert await store.get_run(run_id='foreign') is not None
 
-    (tmp_path / 'store' / '@runs' / 'indexed').unlink()
+    (tmp_path / 'store' / '@runs' / 'complete').unlink()
     reader = FileStepStore(tmp_path / 'store', fsync=False)
     assert [run.run_id for run in await reader.list_runs()] == ['foreign', 'mine'], 'read the slow way'
     await reader.register_run(RunRecord(run_id='next', started_at=T0 + timedelta(minutes=2)))
-    assert (tmp_path / 'store' / '@runs' / 'indexed').exists()
+    assert (tmp_path / 'store' / '@runs' / 'complete').exists()
     found, cost = await _cost(reader, partial(reader.list_runs))
     assert [run.run_id for run in found] == ['foreign', 'mine', 'next'] and cost == (3, 1)
 
@@ -152,18 +176,26 @@ async def test_a_bare_run_filled_in_is_listed_once(tmp_path: Path, same_start: b
     await store.register_run(RunRecord(run_id='before', started_at=T0 - timedelta(minutes=1)))
     assert [run.run_id for run in await store.list_runs()] == ['before', 'bare']
     started = T0 if same_start else T0 + timedelta(minutes=1)
-    filled = RunRecord(run_id='bare', agent_name='a', started_at=started)
+    filled = RunRecord(run_id='bare', agent_name='a', parent_run_id='before', started_at=started)
     await store.register_run(filled)
     assert await store.list_runs() == [await store.get_run(run_id='before'), filled]
-    assert await store.list_runs(agent_name='a') == [filled]
+    assert await store.list_runs(agent_name='a') == await store.list_runs(parent_run_id='before') == [filled]
     assert len([name for name in os.listdir(tmp_path / '@runs' / 'all') if name.endswith('.bare')]) == 1
 
 
 async def test_deleting_runs_takes_them_out_of_the_index(tmp_path: Path) -> None:
     store = FileStepStore(tmp_path, fsync=False)
     await _three_runs(store)
+    await store.register_run(
+        RunRecord(run_id='child', parent_run_id='r1', origin=RunOrigin(kind='forked', run_id='r1', seq=1))
+    )
+    await store.delete_run(run_id='child')
     await store.delete_run(run_id='r1')
     assert [run.run_id for run in await store.list_runs(agent_name='a')] == ['r0', 'r2']
+    assert await store.list_runs(parent_run_id='r1') == await store.list_runs(origin_run_id='r1') == []
+    for kind in ('parents', 'origins'):
+        [directory] = os.listdir(tmp_path / '@runs' / kind)
+        assert os.listdir(tmp_path / '@runs' / kind / directory) == []
     assert sorted(name.rsplit('.', 1)[1] for name in os.listdir(tmp_path / '@runs' / 'all')) == ['r0', 'r2']
 
 
@@ -183,7 +215,7 @@ async def test_a_directory_written_before_the_index_is_read_then_indexed_by_its_
     store = FileStepStore(directory, fsync=False)
     new = RunRecord(run_id='new', started_at=max(run.started_at for run in listed) + timedelta(days=1))
     await store.register_run(new)
-    assert (directory / '@runs' / 'indexed').exists(), 'the first write indexed every run'
+    assert (directory / '@runs' / 'complete').exists(), 'the first write indexed every run'
     fresh = FileStepStore(directory, fsync=False)
     found, cost = await _cost(fresh, partial(fresh.list_runs))
     assert found == [*listed, new] and cost == (len(listed) + 1, 1)

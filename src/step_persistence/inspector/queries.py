@@ -14,9 +14,9 @@ Every read is bounded by the page, never by the store's size:
 - **conversations**: `list_conversations(limit=...)`, of every agent; one conversation is shown as a tree when it
   has at most `MAX_CONVERSATION_RUNS` runs (else its runs are listed page by page).
 
-The file store answers `list_runs` from its run index, reading only the runs returned, but for the
-`parent_run_id` and `origin_run_id` filters of a run's links, which read runs until enough match
-(docs/file-store.md); the other reads are per run on every backend.
+The file store answers `list_runs` from its run index (of every run, an agent, a parent, an origin)
+or a conversation's, reading only the runs returned (docs/file-store.md); the other reads are per
+run on every backend.
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
 """The store-wide run index: `list_runs` without a conversation, without reading every run.
 
-Every run has an entry in `@runs/all/` and, with an `agent_name`, in `@runs/agents/<agent key>/`:
-a hard link to its `run.json`, made, checked and read as `_entries.py` says, so listing the newest
-(or oldest) runs lists one directory and reads only the `run.json` files returned. Entries are
+Every run has an entry in `@runs/all/` and, when its record names them, in `@runs/agents/<key>/`
+(its agent), `@runs/parents/<key>/` (the run it was delegated from) and `@runs/origins/<key>/` (the
+run whose snapshot it continued or forked): a hard link to its `run.json`, made, checked and read
+as `_entries.py` says. A listing lists the one directory that serves its most selective filter and
+reads only the `run.json` files it returns (and those the other filters pass over). Entries are
 made and removed without a lock: each names one registration (its stamp), and only the writer
 holding the run's lock registers, fills or deletes it.
 
@@ -11,9 +13,9 @@ removes the bare run's entry after. When both records have the same `started_at`
 have the same name: the filling replaces the entry before the rename, so for that instant a listing
 misses the run (it is being registered); a filling that fails puts the bare run's entry back.
 
-**Older directories** (written before this index, `@runs/indexed` absent) are listed by reading
+**Older directories** (written before this index, `@runs/complete` absent) are listed by reading
 every run; the first write indexes every run. To re-index a store whose runs were copied in from
-elsewhere (run directories without entries), remove `@runs/indexed`: the next write indexes every
+elsewhere (run directories without entries), remove `@runs/complete`: the next write indexes every
 run again (entries already there stay).
 """
 
@@ -24,7 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from step_persistence.records import RunRecord
-from step_persistence.stores.file._entries import EntryLinks, IndexMarker, scope_of, scopes_of
+from step_persistence.stores._listing import RunFilter
+from step_persistence.stores.file._entries import EntryLinks, IndexMarker
 from step_persistence.stores.file._io import FileIo
 from step_persistence.stores.file._layout import RUNS_DIRECTORY_NAME, Entry, RunIndexPaths, start_of
 
@@ -42,7 +45,19 @@ class AllRunsIndex:
         self.root = root
         self.paths = RunIndexPaths(root / RUNS_DIRECTORY_NAME)
         self.links = EntryLinks(root, io)
-        self.marker = IndexMarker(root, self.paths.indexed_marker, io)
+        self.marker = IndexMarker(root, self.paths.complete_marker, io)
+
+    def _directories(self, record: RunRecord) -> list[Path]:
+        """The entry directories `record` is listed in."""
+        paths = self.paths
+        found = [paths.every_run]
+        if record.agent_name is not None:
+            found.append(paths.of_agent(record.agent_name))
+        if record.parent_run_id is not None:
+            found.append(paths.of_parent(record.parent_run_id))
+        if record.origin is not None:
+            found.append(paths.of_origin(record.origin.run_id))
+        return found
 
     # --- writing, under the run's lock (or before its directory exists) ---
 
@@ -56,8 +71,8 @@ class AllRunsIndex:
         `replacing`: the bare run's record the block replaces (same stamp), whose entries go after it.
         """
         entry = _entry(record, registered_ns)
-        made = [(self.paths.entries(scope), entry.name) for scope in scopes_of(record)]
-        bare = [] if replacing is None else [self.paths.entries(scope) for scope in scopes_of(replacing)]
+        made = [(directory, entry.name) for directory in self._directories(record)]
+        bare = [] if replacing is None else self._directories(replacing)
         bare_entry = entry if replacing is None else _entry(replacing, registered_ns)
         linked: list[Path] = []
         try:
@@ -79,23 +94,33 @@ class AllRunsIndex:
     def remove(self, record: RunRecord, registered_ns: int) -> None:
         """Take a deleted run (its directory gone already) out of the index."""
         entry = _entry(record, registered_ns)
-        for scope in scopes_of(record):
-            directory = self.paths.entries(scope)
+        for directory in self._directories(record):
             if directory.exists():
                 self.links.unlink(directory, entry)
 
     # --- reading ---
 
-    def entries(self, agent_name: str | None, *, newest_first: bool) -> Iterator[Entry]:
-        """The entries of every run (of `agent_name`'s, when given), in `list_runs` order (or its reverse).
+    def directory_for(self, chosen: RunFilter) -> Path:
+        """The entry directory listing the runs `chosen` can match, of its most selective filter: its
+        parent's, origin's or agent's runs, else every run (the caller still tests `chosen.matches`)."""
+        if chosen.parent_run_id is not None:
+            return self.paths.of_parent(chosen.parent_run_id)
+        if chosen.origin_run_id is not None:
+            return self.paths.of_origin(chosen.origin_run_id)
+        if chosen.agent_name is not None:
+            return self.paths.of_agent(chosen.agent_name)
+        return self.paths.every_run
+
+    def entries(self, directory: Path, *, newest_first: bool) -> Iterator[Entry]:
+        """The entries in `directory` (of `directory_for`), in `list_runs` order (or its reverse).
 
         Not checked: `record` says whether an entry is still its run.
         """
-        return self.links.listed(self.paths.entries(scope_of(agent_name)), newest_first=newest_first)
+        return self.links.listed(directory, newest_first=newest_first)
 
-    def record(self, agent_name: str | None, entry: Entry) -> RunRecord | None:
-        """The record of the run an entry of `entries(agent_name, ...)` stands for (`EntryLinks.record`)."""
-        return self.links.record(self.paths.entries(scope_of(agent_name)), entry)
+    def record(self, directory: Path, entry: Entry) -> RunRecord | None:
+        """The record of the run an entry of `entries(directory, ...)` stands for (`EntryLinks.record`)."""
+        return self.links.record(directory, entry)
 
     # --- directories written before the index ---
 
@@ -110,5 +135,5 @@ class AllRunsIndex:
 
     def _index_stored(self, record: RunRecord, registered_ns: int) -> None:
         entry = _entry(record, registered_ns)
-        for scope in scopes_of(record):
-            self.links.link_stored(self.paths.entries(scope), entry)
+        for directory in self._directories(record):
+            self.links.link_stored(directory, entry)

@@ -30,9 +30,10 @@ from step_persistence._reading import read_or_skip
 from step_persistence.records import ConversationSummary, RunRecord
 from step_persistence.stores._listing import ConversationFilter
 from step_persistence.stores.file._codec import dump_conversation_file, load_conversation_file
-from step_persistence.stores.file._entries import EntryLinks, IndexMarker, scope_of, scopes_of
+from step_persistence.stores.file._entries import EntryLinks, IndexMarker
 from step_persistence.stores.file._io import FileIo, real_directory
 from step_persistence.stores.file._layout import (
+    ALL_AGENTS,
     CONVERSATIONS_DIRECTORY_NAME,
     INDEXED_MARKER_NAME,
     LATEST_DIRECTORY_NAME,
@@ -48,6 +49,16 @@ __all__ = ['ConversationIndex']
 
 _ATTEMPTS = 3
 """Listings of the markers `summaries` makes at most, repairing stale ones in between."""
+
+
+def _scopes(record: RunRecord) -> list[str]:
+    """The scopes a run is indexed in: its conversation's, and its agent's within it."""
+    return [ALL_AGENTS] if record.agent_name is None else [ALL_AGENTS, text_key(record.agent_name)]
+
+
+def _scope(agent_name: str | None) -> str:
+    """The scope listing the conversation's runs of `agent_name` (`None`: all its runs)."""
+    return ALL_AGENTS if agent_name is None else text_key(agent_name)
 
 
 class ConversationIndex:
@@ -95,7 +106,7 @@ class ConversationIndex:
         with self._locked(paths, record.conversation_id):
             linked: list[Path] = []
             try:
-                for scope in scopes_of(record):
+                for scope in _scopes(record):
                     self._raise(paths, scope, entry.start)
                     self.links.link(paths.entries(scope), entry, run_file, replace=True)
                     linked.append(paths.entries(scope))
@@ -103,7 +114,7 @@ class ConversationIndex:
             except BaseException:
                 for directory in linked:
                     self.links.take_back(directory, entry)
-                for scope in scopes_of(record):
+                for scope in _scopes(record):
                     self._settle(paths, scope)
                 raise
 
@@ -116,7 +127,7 @@ class ConversationIndex:
             return
         entry = Entry(start_of(record.started_at), registered_ns, record.run_id)
         with self._locked(paths):
-            for scope in scopes_of(record):
+            for scope in _scopes(record):
                 self.links.unlink(paths.entries(scope), entry)
                 self._settle(paths, scope)
 
@@ -187,12 +198,12 @@ class ConversationIndex:
     def is_current(self, conversation_id: str, agent_name: str | None, entry: Entry) -> bool:
         """Whether an entry of `entries(conversation_id, agent_name, ...)` stands for the run's current
         registration (two `lstat`s; a copy of the store without its hard links reads the stamp)."""
-        return self.links.is_valid(self._paths(conversation_id).entries(scope_of(agent_name)), entry)
+        return self.links.is_valid(self._paths(conversation_id).entries(_scope(agent_name)), entry)
 
     def record(self, conversation_id: str, agent_name: str | None, entry: Entry) -> RunRecord | None:
         """The record of the run an entry of `entries(conversation_id, agent_name, ...)` stands for
         (`EntryLinks.record`)."""
-        return self.links.record(self._paths(conversation_id).entries(scope_of(agent_name)), entry)
+        return self.links.record(self._paths(conversation_id).entries(_scope(agent_name)), entry)
 
     def entries(self, conversation_id: str, agent_name: str | None, *, newest_first: bool) -> Iterator[Entry]:
         """The entries of the conversation's runs (of `agent_name`'s, when given), in `list_runs` order
@@ -200,14 +211,14 @@ class ConversationIndex:
 
         Not checked: the caller reads each run's record, which says whether it is still that run.
         """
-        directory = self._paths(conversation_id).entries(scope_of(agent_name))
+        directory = self._paths(conversation_id).entries(_scope(agent_name))
         return self.links.listed(directory, newest_first=newest_first)
 
     def summaries(self, chosen: ConversationFilter) -> list[ConversationSummary]:
         """`list_conversations`: reads only the summaries it returns (plus those tied with the last one,
         and any marker it finds stale)."""
         checked_limit, newest_first = chosen.limit, chosen.newest_first
-        scope = scope_of(chosen.agent_name)
+        scope = _scope(chosen.agent_name)
         found: list[ConversationSummary] = []
         for attempt in range(_ATTEMPTS):
             markers = sorted(self._listed(scope), reverse=newest_first)
@@ -292,7 +303,7 @@ class ConversationIndex:
         paths = self._paths(record.conversation_id)
         entry = Entry(start_of(record.started_at), registered_ns, record.run_id)
         with self._locked(paths, record.conversation_id):
-            for scope in scopes_of(record):
+            for scope in _scopes(record):
                 self._raise(paths, scope, entry.start)
                 if not self.links.link_stored(paths.entries(scope), entry):
                     self._settle(paths, scope)  # deleted or registered again meanwhile

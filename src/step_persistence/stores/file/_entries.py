@@ -15,8 +15,8 @@ filling left, and removed after its run is gone. So in an indexed store every ru
 a run directory without one came from elsewhere (copied in by hand, or written by a version of the
 library without the index).
 
-**Scopes.** An index lists all its runs in one directory (scope `ALL_AGENTS`) and the runs of each
-agent in another (scope: the agent name's key).
+An index has one entry directory per list it serves (every run, an agent's runs...); a run has an
+entry in each list it belongs to.
 
 **Older directories.** A store directory written before an index has none of its entries: its first
 write indexes every run once and then leaves the index's marker (`IndexMarker`); until then reads
@@ -32,21 +32,11 @@ from pathlib import Path
 
 from step_persistence.records import RunRecord
 from step_persistence.stores.file._io import FileIo, real_directory
-from step_persistence.stores.file._layout import ALL_AGENTS, Entry, run_paths, text_key
+from step_persistence.stores.file._layout import Entry, run_paths
 from step_persistence.stores.file._run_files import load_run_file, read_stamp
 from step_persistence.stores.file._sessions import foreign_run_message
 
-__all__ = ['EntryLinks', 'IndexMarker', 'scope_of', 'scopes_of']
-
-
-def scopes_of(record: RunRecord) -> list[str]:
-    """The scopes a run is indexed in: all runs', and its agent's."""
-    return [ALL_AGENTS] if record.agent_name is None else [ALL_AGENTS, text_key(record.agent_name)]
-
-
-def scope_of(agent_name: str | None) -> str:
-    """The scope listing the runs of `agent_name` (`None`: every run)."""
-    return ALL_AGENTS if agent_name is None else text_key(agent_name)
+__all__ = ['EntryLinks', 'IndexMarker']
 
 
 class EntryLinks:

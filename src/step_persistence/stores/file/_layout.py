@@ -27,7 +27,9 @@
   @runs/                      the store-wide run index
     all/<entry>               a hard link to each run's run.json (`entry` sorts by start)
     agents/<key>/<entry>      the same, for the runs of one agent (`key`: the SHA-256 of its name)
-    indexed                   present once the run index covers every run
+    parents/<key>/<entry>     the same, for the runs delegated from one run (`key`: SHA-256 of its id)
+    origins/<key>/<entry>     the same, for the runs continuing or forking one run's snapshots
+    complete                  present once the run index covers every run
   @origins/<key>              per continued snapshot (`key`: SHA-256 of run id and seq): the run continuing it
   @indexed                    present once the conversation index covers every run
   @media/                     media blobs of the default DiskMediaStore
@@ -286,14 +288,27 @@ class RunIndexPaths:
 
     directory: Path
 
-    def entries(self, scope: str) -> Path:
-        """The directory of the entries of `scope` (`ALL_AGENTS`, or an agent's key)."""
-        return self.directory / scope if scope == ALL_AGENTS else self.directory / 'agents' / scope
+    @property
+    def every_run(self) -> Path:
+        """The entries of every run."""
+        return self.directory / ALL_AGENTS
+
+    def of_agent(self, agent_name: str) -> Path:
+        """The entries of the runs of `agent_name`."""
+        return self.directory / 'agents' / text_key(agent_name)
+
+    def of_parent(self, run_id: str) -> Path:
+        """The entries of the runs delegated from run `run_id`."""
+        return self.directory / 'parents' / text_key(run_id)
+
+    def of_origin(self, run_id: str) -> Path:
+        """The entries of the runs that continued or forked a snapshot of run `run_id`."""
+        return self.directory / 'origins' / text_key(run_id)
 
     @property
-    def indexed_marker(self) -> Path:
+    def complete_marker(self) -> Path:
         """Present once the run index covers every run of the store."""
-        return self.directory / 'indexed'
+        return self.directory / 'complete'
 
 
 def is_run_directory_name(name: str) -> bool:

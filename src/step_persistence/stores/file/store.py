@@ -384,10 +384,11 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     ) -> list[RunRecord]:
         """Matching runs, oldest first; a run whose `run.json` is unreadable is skipped and logged.
 
-        Runs are found through an index (the conversation's with `conversation_id`, else the store's,
-        the agent's with `agent_name`) and read in order until `limit` match: with only those filters
-        (and `run_id_prefix`, tested on the names), only the `run.json` files returned are read. In a
-        store directory written before the index, until its first write, every `run.json` is read.
+        Runs are found through an index (the conversation's with `conversation_id`, else the store's:
+        of the parent, origin or agent when given) and read in order until `limit` match: with one of
+        those filters (and `run_id_prefix`, tested on the names), only the `run.json` files returned
+        are read. In a store directory written before the index, until its first write, every
+        `run.json` is read.
         """
         chosen = RunFilter(
             parent_run_id=parent_run_id,
@@ -407,8 +408,9 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
             entries = self._conversations.entries(conversation_id, agent_name, newest_first=newest_first)
             return self._indexed_runs(chosen, entries, partial(self._conversations.record, conversation_id, agent_name))
         if conversation_id is None and self._all_runs.is_indexed():
-            entries = self._all_runs.entries(agent_name, newest_first=newest_first)
-            return self._indexed_runs(chosen, entries, partial(self._all_runs.record, agent_name))
+            directory = self._all_runs.directory_for(chosen)
+            entries = self._all_runs.entries(directory, newest_first=newest_first)
+            return self._indexed_runs(chosen, entries, partial(self._all_runs.record, directory))
         return self._list_every_run(chosen)
 
     async def runs_started_before(self, cutoff: datetime) -> list[RunRecord] | None:
@@ -420,10 +422,11 @@ class FileStepStore(PrunesOldRuns, ClosesOnExit):
     def _runs_started_before(self, cutoff: datetime) -> list[RunRecord] | None:
         if not self._all_runs.is_indexed():
             return None
-        end = start_of(cutoff)
-        entries = self._all_runs.entries(None, newest_first=False)
-        older = itertools.takewhile(lambda entry: entry.start < end, entries)
-        return self._indexed_runs(RunFilter(), older, partial(self._all_runs.record, None))
+        end, directory = start_of(cutoff), self._all_runs.directory_for(RunFilter())
+        older = itertools.takewhile(
+            lambda entry: entry.start < end, self._all_runs.entries(directory, newest_first=False)
+        )
+        return self._indexed_runs(RunFilter(), older, partial(self._all_runs.record, directory))
 
     def _indexed_runs(
         self, chosen: RunFilter, entries: Iterable[Entry], record_of: Callable[[Entry], RunRecord | None]
