@@ -34,9 +34,23 @@ from step_persistence.stores.mongo._loops import BoundClient, close_client
 if TYPE_CHECKING:
     from motor.motor_asyncio import AsyncIOMotorClient
 
-__all__ = ['CODEC_OPTIONS', 'Database', 'MongoClientLike', 'MongoConnection', 'aggregate_all', 'insert_new', 'upsert']
+__all__ = [
+    'CODEC_OPTIONS',
+    'JOURNAL_UNITS',
+    'JOURNAL_WORKFLOWS',
+    'Database',
+    'MongoClientLike',
+    'MongoConnection',
+    'aggregate_all',
+    'insert_new',
+    'upsert',
+]
 
 T = TypeVar('T')
+
+JOURNAL_WORKFLOWS = 'durable_workflows'
+JOURNAL_UNITS = 'durable_units'
+"""The durable journal's collections (`journal.py`), beside the step store's in its database."""
 
 MongoClientLike: TypeAlias = 'AsyncMongoClient[Any] | AsyncIOMotorClient[Any]'
 """A client a caller may pass: pymongo's `AsyncMongoClient` or motor's `AsyncIOMotorClient`."""

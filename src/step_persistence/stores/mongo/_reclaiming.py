@@ -42,7 +42,7 @@ from step_persistence.media.protocol import MediaStore
 from step_persistence.reclaiming import MediaCollection, collect_blobs, uris_in, validate_grace
 from step_persistence.records import utc_now
 from step_persistence.stores._positions import LineBase
-from step_persistence.stores.mongo._client import Database
+from step_persistence.stores.mongo._client import JOURNAL_UNITS, Database
 from step_persistence.stores.mongo._documents import StoredView, stored_view
 from step_persistence.stores.mongo._lines import (
     base_from_document,
@@ -334,10 +334,8 @@ async def collect_media(database: Database, media_store: MediaStore | None, *, g
             body = document.get('body')
             if isinstance(body, str):
                 found |= uris_in(body)
-        # The durable journal's unit results that hold media markers (imported here: the journal imports the store).
-        from step_persistence.stores.mongo.journal import UNITS
-
-        async for document in database[UNITS].find({'externalized': True}, {'_id': 0, 'result': 1}):
+        # The durable journal's unit results that hold media markers.
+        async for document in database[JOURNAL_UNITS].find({'externalized': True}, {'_id': 0, 'result': 1}):
             result = document.get('result')
             if isinstance(result, str):
                 found |= uris_in(result)

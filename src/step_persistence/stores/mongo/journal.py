@@ -31,14 +31,12 @@ from step_persistence._reading import read_each, read_or_skip
 from step_persistence.durable.errors import LeaseLostError
 from step_persistence.durable.records import DurableUnit, Fence, WorkflowRecord, WorkflowStatus
 from step_persistence.records import utc_now
-from step_persistence.stores.mongo._client import Database
+from step_persistence.stores.mongo._client import JOURNAL_UNITS, JOURNAL_WORKFLOWS, Database
 from step_persistence.stores.mongo._documents import _time, with_time
 from step_persistence.stores.mongo.store import MongoStepStore
 
 __all__ = ['MongoJournal']
 
-WORKFLOWS = 'durable_workflows'
-UNITS = 'durable_units'
 UNIT_ORDER = [('workflow_id', 1), ('started_at', 1), ('started_at_us', 1), ('unit_key', 1)]
 
 
@@ -113,7 +111,7 @@ class MongoJournal:
     async def start_workflow(self, record: WorkflowRecord) -> WorkflowRecord:
         require_text('workflow_id', record.workflow_id)
         db = self._db()
-        await db[UNITS].create_index(UNIT_ORDER)
+        await db[JOURNAL_UNITS].create_index(UNIT_ORDER)
         first: dict[str, Any] = {
             '_id': record.workflow_id,
             'agent_name': record.agent_name,
@@ -127,7 +125,7 @@ class MongoJournal:
         }
         for name in ('lease_expires_at', 'created_at', 'updated_at'):
             with_time(first, name, getattr(record, name))
-        workflows = db[WORKFLOWS]
+        workflows = db[JOURNAL_WORKFLOWS]
         try:
             await workflows.insert_one(first)
         except DuplicateKeyError:  # started before: this is one more start of it
@@ -142,7 +140,7 @@ class MongoJournal:
 
     async def get_workflow(self, *, workflow_id: str) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
-        found = await self._db()[WORKFLOWS].find_one({'_id': workflow_id})
+        found = await self._db()[JOURNAL_WORKFLOWS].find_one({'_id': workflow_id})
         if found is None:
             return None
         return read_or_skip(f'durable workflow {workflow_id!r}', lambda: _workflow_from_document(found))
@@ -152,7 +150,7 @@ class MongoJournal:
     ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
         require_text('owner', owner)
-        workflows = self._db()[WORKFLOWS]
+        workflows = self._db()[JOURNAL_WORKFLOWS]
         condition: dict[str, Any] = {'_id': workflow_id, **_lease_is_free(now)}
         if running_only:
             condition['status'] = 'running'
@@ -166,7 +164,7 @@ class MongoJournal:
 
     async def renew_lease(self, *, workflow_id: str, fence: Fence, lease_expires_at: datetime) -> bool:
         require_text('workflow_id', workflow_id)
-        renewed = await self._db()[WORKFLOWS].update_one(
+        renewed = await self._db()[JOURNAL_WORKFLOWS].update_one(
             {'_id': workflow_id, **_holds_lease(fence)}, {'$set': with_time({}, 'lease_expires_at', lease_expires_at)}
         )
         return renewed.matched_count == 1
@@ -174,14 +172,14 @@ class MongoJournal:
     async def list_abandoned(self, *, now: datetime) -> list[WorkflowRecord]:
         found = [
             document
-            async for document in self._db()[WORKFLOWS]
+            async for document in self._db()[JOURNAL_WORKFLOWS]
             .find({'status': 'running', **_lease_is_free(now)})
             .sort([('updated_at', 1), ('updated_at_us', 1), ('_id', 1)])
         ]
         return read_each(found, lambda document: f'durable workflow {document.get("_id")!r}', _workflow_from_document)
 
     async def _check_fence(self, workflow_id: str, fence: Fence | None) -> None:
-        stored = await self._db()[WORKFLOWS].find_one({'_id': workflow_id}, {'owner': 1, 'fencing_epoch': 1})
+        stored = await self._db()[JOURNAL_WORKFLOWS].find_one({'_id': workflow_id}, {'owner': 1, 'fencing_epoch': 1})
         if stored is None:
             raise LookupError(f'no durable workflow {workflow_id!r} is stored')
         if fence is not None and (stored.get('owner'), stored.get('fencing_epoch')) != (fence.owner, fence.epoch):
@@ -192,7 +190,7 @@ class MongoJournal:
         ended = with_time({'status': status, 'owner': None}, 'lease_expires_at', None)
         with_time(ended, 'updated_at', utc_now())
         condition = {'_id': workflow_id, **({} if fence is None else _holds_lease(fence))}
-        if (await self._db()[WORKFLOWS].update_one(condition, {'$set': ended})).matched_count == 0:
+        if (await self._db()[JOURNAL_WORKFLOWS].update_one(condition, {'$set': ended})).matched_count == 0:
             await self._check_fence(workflow_id, fence)  # says why: not stored, or the lease was lost
 
     async def record_unit(self, unit: DurableUnit, *, fence: Fence | None = None) -> None:
@@ -221,13 +219,15 @@ class MongoJournal:
             on_insert = with_time({**identity, 'attempts': unit.attempts}, 'started_at', unit.started_at)
             update = {'$set': fields, '$setOnInsert': on_insert}
         with contextlib.suppress(DuplicateKeyError):  # the unit is completed: nothing changes it
-            await db[UNITS].update_one(
+            await db[JOURNAL_UNITS].update_one(
                 {'_id': _unit_id(unit.workflow_id, unit.unit_key), 'status': {'$ne': 'completed'}}, update, upsert=True
             )
 
     async def list_units(self, *, workflow_id: str) -> list[DurableUnit]:
         require_text('workflow_id', workflow_id)
-        found = [document async for document in self._db()[UNITS].find({'workflow_id': workflow_id}).sort(UNIT_ORDER)]
+        found = [
+            document async for document in self._db()[JOURNAL_UNITS].find({'workflow_id': workflow_id}).sort(UNIT_ORDER)
+        ]
         return read_each(
             found,
             lambda document: f'durable unit {document.get("unit_key")!r} of workflow {workflow_id!r}',
@@ -237,5 +237,5 @@ class MongoJournal:
     async def delete_workflow(self, *, workflow_id: str) -> None:
         require_text('workflow_id', workflow_id)
         db = self._db()
-        await db[UNITS].delete_many({'workflow_id': workflow_id})
-        await db[WORKFLOWS].delete_one({'_id': workflow_id})
+        await db[JOURNAL_UNITS].delete_many({'workflow_id': workflow_id})
+        await db[JOURNAL_WORKFLOWS].delete_one({'_id': workflow_id})
