@@ -57,5 +57,8 @@ screenshots: uv chromium
 # Issue 8's benchmarks against pydantic-ai-harness, in their own environment (benchmarks/pyproject.toml:
 # the comparator pins its pydantic-ai version). Starts its own PostgreSQL and SecantusDB, writes
 # benchmarks/RESULTS.md. BENCH_ARGS passes options (see `python benchmarks/bench.py --help`).
+# Then issue 21's durable-run benchmark next to DBOS, on SQLite, in its own environment too
+# (benchmarks/durable/pyproject.toml: pydantic-ai 2.68 with the dbos extra); DURABLE_BENCH_ARGS passes its options.
 bench: uv postgres
 	cd benchmarks && $(UV) sync --locked --quiet && $(UV) run --locked python bench.py $(BENCH_ARGS)
+	cd benchmarks/durable && $(UV) sync --locked --quiet && $(UV) run --locked python durable_bench.py $(DURABLE_BENCH_ARGS)
