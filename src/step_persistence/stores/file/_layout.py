@@ -102,6 +102,7 @@ RESERVED_NAMES = frozenset(
         ORIGINS_DIRECTORY_NAME,
         INDEXED_MARKER_NAME,
         RUNS_DIRECTORY_NAME,
+        DURABLE_DIRECTORY_NAME,
     }
 )
 RUN_FILE_NAME = 'run.json'
