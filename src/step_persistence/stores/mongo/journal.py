@@ -8,22 +8,27 @@ instead, and is ignored). Results and inputs are stored as JSON text: their keys
 application's, which BSON field names could not all be.
 Timestamps are a BSON date plus `<name>_us`, as in the step store's documents.
 
-A claim and a renewal are one `findAndModify`/`update` filtered on the lease, so they are atomic. A
-fenced write checks the lease and then writes (two commands, no transaction): a claim landing
-between them lets one write of the stale owner through. The engine narrows that window to nothing
-in practice: it never starts a unit on a lease that expired by its own clock, and a claim comes
-only after the expiry (see docs/durable.md for the exact guarantee).
+A claim, a renewal and a workflow's end are one `findAndModify`/`update` filtered on the lease, so
+they are atomic. A fenced unit write spans two documents (the workflow's lease, the unit): on a
+server that runs transactions (a replica set or a sharded cluster, as the server's `hello` says) it
+is one transaction that first increments the workflow's `fenced_writes` filtered on the lease and
+then writes the unit, so a claim (a write of the same workflow document) either comes before it
+(the write is refused) or conflicts with it and lands after its commit. On a standalone server,
+which has no transactions, it checks the lease and then writes: a claim landing between them lets
+one write of the stale owner through (see docs/durable.md for the exact guarantee).
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime
 from typing import Any
 
 from pymongo import ReturnDocument
+from pymongo.asynchronous.client_session import AsyncClientSession
 from pymongo.errors import DuplicateKeyError
 
 from step_persistence._arguments import require_text
@@ -101,6 +106,8 @@ class MongoJournal:
 
     def __init__(self, store: MongoStepStore) -> None:
         self._store = store
+        self._transactions: bool | None = None
+        """Whether the server runs multi-document transactions (asked once, with `hello`)."""
 
     def __repr__(self) -> str:
         return f'MongoJournal({self._store!r})'
@@ -197,7 +204,6 @@ class MongoJournal:
         require_text('workflow_id', unit.workflow_id)
         require_text('unit_key', unit.unit_key)
         db = self._db()
-        await self._check_fence(unit.workflow_id, fence)
         fields: dict[str, Any] = {
             'name': unit.name,
             'kind': unit.kind,
@@ -218,10 +224,54 @@ class MongoJournal:
             # Ended: the start time and attempts stay as the start wrote them.
             on_insert = with_time({**identity, 'attempts': unit.attempts}, 'started_at', unit.started_at)
             update = {'$set': fields, '$setOnInsert': on_insert}
-        with contextlib.suppress(DuplicateKeyError):  # the unit is completed: nothing changes it
+
+        async def write(session: AsyncClientSession | None) -> None:
             await db[JOURNAL_UNITS].update_one(
-                {'_id': _unit_id(unit.workflow_id, unit.unit_key), 'status': {'$ne': 'completed'}}, update, upsert=True
+                {'_id': _unit_id(unit.workflow_id, unit.unit_key), 'status': {'$ne': 'completed'}},
+                update,
+                upsert=True,
+                session=session,
             )
+
+        with contextlib.suppress(DuplicateKeyError):  # the unit is completed: nothing changes it
+            await self._fenced(db, unit.workflow_id, fence, write)
+
+    async def _fenced(
+        self,
+        db: Database,
+        workflow_id: str,
+        fence: Fence | None,
+        write: Callable[[AsyncClientSession | None], Awaitable[None]],
+    ) -> None:
+        """Run `write` only while `fence` holds the workflow's lease: atomically in a transaction if the server
+        runs them, else after a check (`LookupError` if the workflow is not stored, `LeaseLostError` if lost)."""
+        if fence is None or not await self._runs_transactions(db):
+            await self._check_fence(workflow_id, fence)
+            await write(None)
+            return
+        held = True
+
+        async def fenced_write(session: AsyncClientSession) -> None:
+            nonlocal held
+            touched = await db[JOURNAL_WORKFLOWS].update_one(
+                {'_id': workflow_id, **_holds_lease(fence)}, {'$inc': {'fenced_writes': 1}}, session=session
+            )
+            held = touched.matched_count == 1
+            if held:
+                await write(session)
+
+        started = db.client.start_session()
+        session = await started if inspect.isawaitable(started) else started  # motor's is a coroutine
+        async with session:
+            await session.with_transaction(fenced_write)
+        if not held:
+            await self._check_fence(workflow_id, fence)  # says why: not stored, or the lease was lost
+
+    async def _runs_transactions(self, db: Database) -> bool:
+        if self._transactions is None:
+            hello = await db.command('hello')
+            self._transactions = 'setName' in hello or hello.get('msg') == 'isdbgrid'
+        return self._transactions
 
     async def list_units(self, *, workflow_id: str) -> list[DurableUnit]:
         require_text('workflow_id', workflow_id)
