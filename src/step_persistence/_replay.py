@@ -1,7 +1,7 @@
 """What a durable engine tells `StepPersistence` about the run it journals (a `ContextVar`).
 
 `StepDurability` sets it around each of its runs; `StepPersistence` reads it so that a replayed run
-leaves one record, not two: the run registers with the workflow's first start time (so a replay's
+leaves one record, not two, and writes only what that record lacks: the run registers with the workflow's first start time (so a replay's
 registration is the same registration), a tool call the journal holds as completed writes no
 `started` ledger record over its terminal one, and a call the engine hands back unrun
 (`InFlightCallRefused`) writes no terminal one over the evidence its interrupted run left.
@@ -28,6 +28,9 @@ class DurableRun:
     """When the workflow first started: every replay of it registers with this time."""
     completed_tool_calls: frozenset[str]
     """The tool calls the journal holds as completed: a replay returns their results without running them."""
+    replaying: bool = False
+    """Whether the journal held units of the workflow (an earlier run of it got that far): the run's record may
+    then hold the writes this run queues, which it does not write again (`StoredWrites`)."""
 
 
 DURABLE_RUN: ContextVar[DurableRun | None] = ContextVar('step_persistence_durable_run', default=None)

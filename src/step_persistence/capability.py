@@ -44,6 +44,7 @@ from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence._lru import BoundedLru
 from step_persistence._reading import logger
 from step_persistence._replay import InFlightCallRefused, durable_run_of
+from step_persistence._stored_writes import StoredWrites
 from step_persistence._stream_watch import StreamWatch
 from step_persistence._telemetry import RunSpans
 from step_persistence._urls import redact_url
@@ -159,6 +160,8 @@ class _RunState:
     """Writes queued since the last flush (see `StepPersistence._flush`)."""
     flushing: asyncio.Lock = field(default_factory=asyncio.Lock)
     """Serializes this run's flushes, so its writes land in the order they were queued."""
+    stored: StoredWrites | None = None
+    """Under a durable replay, the record as the replay found it: a flush it already holds is not written."""
 
     @property
     def run_id(self) -> str:
@@ -434,14 +437,15 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         Writes are queued as the run goes and flushed where durability matters: before a model
         request is sent, before a tool body runs, when a tool call ends without a result or while
         sibling calls still run, and when the run ends (docs/capability.md, "Durability"). The
-        flush runs to its end even if the caller is cancelled meanwhile.
+        flush runs to its end even if the caller is cancelled meanwhile. Under a durable replay, a
+        flush the run's record already holds (the run replayed writes the same) is not written.
         """
         run = self._run
 
         async def flush() -> StepWrites:
             async with run.flushing:
                 writes = run.take_pending()
-                if not writes.is_empty():
+                if not writes.is_empty() and (run.stored is None or not run.stored.hold(writes)):
                     await self._persist_writes(ctx, writes)
                 if writes.snapshots and run.spans.traced:
                     await run.spans.snapshots_saved(self.store, writes.snapshots)
@@ -599,7 +603,10 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
                 origin=origin,
                 **({} if durable is None else {'started_at': durable.started_at}),
             )
-            await self._persist_run(ctx, record)
+            if durable is not None and durable.replaying:
+                run.stored = await StoredWrites.load(self.store, run_id=run.run_id)
+            if not await self._registered_before(record):
+                await self._persist_run(ctx, record)
             run.registered = True
             run.spans.registered(origin)
             self._queue_event('run_started', step_index=ctx.run_step, key=run.key('run_started'))
@@ -607,6 +614,13 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         # To its end, so that a run cancelled meanwhile (a short `timeout=`) knows whether its record
         # landed: a registered run always gets its `run_started` and terminal events.
         await run_to_completion(register())
+
+    async def _registered_before(self, record: RunRecord) -> bool:
+        """Whether a durable replay finds `record` registered by the run it replays (then it registers nothing)."""
+        if self._run.stored is None:
+            return False
+        stored = await self.store.get_run(run_id=record.run_id)
+        return stored is not None and _as_registered(record, stored) == stored
 
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
         run = self._run

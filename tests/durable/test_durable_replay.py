@@ -88,6 +88,45 @@ async def test_a_finished_run_replays_every_unit_and_leaves_one_record(store: St
     )
 
 
+async def _record_of(store: StepStore, run_id: str) -> tuple[object, ...]:
+    return (
+        await store.get_run(run_id=run_id),
+        await store.list_events(run_id=run_id),
+        await store.list_tool_effects(run_id=run_id),
+        await store.list_snapshots(run_id=run_id, include_interrupted=True),
+    )
+
+
+async def test_a_full_replay_writes_nothing_to_the_record(store: StepStore) -> None:
+    await build_agent(store, Calls()).run('two items', run_id='order-w')
+    before = await _record_of(store, 'order-w')
+
+    recording = RecordingStore(store)
+    replayed = await build_agent(store, Calls(), record_into=recording).run('two items', run_id='order-w')
+    assert replayed.output == 'done: reserve=reserved A-1, charge=charged 1250'
+    assert recording.writes == [], 'every write of the replay is stored already'
+    assert await _record_of(store, 'order-w') == before
+
+
+async def test_a_partial_replay_writes_only_what_the_stopped_run_did_not(store: StepStore) -> None:
+    await _stop_inside(store, 'charge', 'order-p', idempotent_b=True)
+    events = await store.list_events(run_id='order-p')
+    snapshots = await store.list_snapshots(run_id='order-p', include_interrupted=True)
+
+    recording = RecordingStore(store)
+    await build_agent(store, Calls(), idempotent_b=True, record_into=recording).run('two items', run_id='order-p')
+    methods = [method for method, _ in recording.writes]
+    assert 'register_run' not in methods
+    saved = [record.idempotency_key for method, record in recording.writes if method == 'save_snapshot']
+    assert saved and not {snapshot.idempotency_key for snapshot in snapshots} & set(saved)
+    # The flush of the step before the stopped call, replayed, is not written (its writes are stored); the
+    # flush that starts the call again is (the stopped run left the call failed: cancelled).
+    appended = [record.idempotency_key for method, record in recording.writes if method == 'append_event']
+    assert 'order-p:run_started' not in appended and 'order-p:model:1:started' not in appended
+    after = await store.list_events(run_id='order-p')
+    assert after[: len(events)] == events and len({event.idempotency_key for event in after}) == len(after)
+
+
 async def test_a_run_stopped_in_an_idempotent_tool_reruns_only_that_tool(store: StepStore) -> None:
     stopped = await _stop_inside(store, 'charge', 'order-2', idempotent_b=True)
     assert (stopped.model, dict(stopped.tools)) == (1, {'reserve': 1, 'charge': 1})

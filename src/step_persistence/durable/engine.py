@@ -268,6 +268,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
                 for unit in units
                 if unit.kind == 'tool' and unit.status == 'completed' and unit.tool_call_id is not None
             ),
+            replaying=bool(units),
         )
         workflow_token = ACTIVE_WORKFLOW.set(workflow)
         durable_token = DURABLE_RUN.set(durable)
