@@ -106,8 +106,8 @@ def statements_sent(engine: AsyncEngine, prefix: str) -> list[str]:
     return sent
 
 
-async def wait_until_a_connection_waits_for_a_lock(engine: AsyncEngine) -> None:
-    """Return once some other connection of this database waits for a lock (a bounded number of looks).
+async def wait_until_a_connection_waits_for_a_lock(engine: AsyncEngine, *, connections: int = 1) -> None:
+    """Return once `connections` other connections of this database wait for a lock (a bounded number of looks).
 
     Each look is a transaction of its own: PostgreSQL reads `pg_stat_activity` once per transaction and
     shows that snapshot until it ends, so repeated looks in one transaction would never see a later wait.
@@ -119,6 +119,6 @@ async def wait_until_a_connection_waits_for_a_lock(engine: AsyncEngine) -> None:
         for _ in range(10_000):
             waiting = (await observer.execute(query)).scalar_one()
             await observer.rollback()
-            if waiting:
+            if waiting >= connections:
                 return
-    raise AssertionError('no connection waited for a lock')
+    raise AssertionError(f'fewer than {connections} connection(s) waited for a lock')

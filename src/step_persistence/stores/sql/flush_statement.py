@@ -20,7 +20,10 @@ Then, as `snapshot_saves.py` does in several statements: the run's next sequence
 the planned message rows go on the head's line if nobody appended there since (else on a new line
 branching from the kept part of the head's view, renumbered from 1), the snapshot row is inserted,
 and with `max_snapshots_per_run` the snapshots retention no longer keeps are deleted (the newest
-`keep - 1` before this one, and the newest `complete` one unless this one is).
+`keep - 1` before this one, and the newest `complete` one unless this one is). The statement sees
+the snapshots as they were when it began: a save of the same run committed while it waited for the
+run's counter is not among them, so the statement says so (`Outcome.saw_concurrent_save`) and the
+caller applies retention again in a transaction of its own.
 """
 
 from __future__ import annotations
@@ -344,6 +347,9 @@ def _flush_snapshot() -> Select[Any]:
         .cte('pruned')
     )
     recorded, appended = _effects(run, allocated), _events(run, allocated)
+    # The counter as the statement's snapshot saw it: one below the number taken unless another save of the run
+    # committed after the statement began (it waited for that save's lock), whose snapshot the prune missed.
+    seen = select(runs.c.last_snapshot_seq).where(runs.c.run_id == run, runs.c.id == incarnation).scalar_subquery()
     return select(
         select(allocated.c.id).scalar_subquery(),
         select(allocated.c.last_snapshot_seq).scalar_subquery(),
@@ -353,6 +359,7 @@ def _flush_snapshot() -> Select[Any]:
         select(placed.c.through).scalar_subquery(),
         _count(stored),
         _count(pruned),
+        select(allocated.c.last_snapshot_seq != seen + 1).scalar_subquery(),
     ).add_cte(
         anchor, registration, claimed, allocated, taken, branched, placed, stored, saved, pruned, recorded, appended
     )
@@ -368,7 +375,8 @@ def flush_statements() -> tuple[Prepared, Prepared]:
 
     `FLUSH_SNAPSHOT`: the same writes and one snapshot (see the module docstring). Returns the run's `id` and
     the snapshot's `seq` (both `NULL`: nothing written), the effects recorded, the events appended, the line
-    and `through` of the snapshot's view, the message rows stored and the snapshots pruned.
+    and `through` of the snapshot's view, the message rows stored, the snapshots pruned, and whether a save
+    of the run committed after the statement began (its prune missed that save's snapshot).
     """
     return Prepared(_flush_events()), Prepared(_flush_snapshot())
 
@@ -382,6 +390,8 @@ class Outcome:
     seq: int | None
     line: int | None
     through: int | None
+    saw_concurrent_save: bool = False
+    """Whether another save of the run committed while the statement ran: retention must be applied again."""
 
     @property
     def applied(self) -> bool:
@@ -391,8 +401,8 @@ class Outcome:
     def of(cls, row: Sequence[Any] | None) -> Outcome:
         if row is None:
             return cls(None, None, None, None)
-        run_pk, seq, _, _, line, through = row[:6]
-        return cls(run_pk, seq, line, through)
+        run_pk, seq, _, _, line, through, _, _, concurrent = row[:9]
+        return cls(run_pk, seq, line, through, concurrent is True)
 
 
 def _instant(value: object) -> str:

@@ -139,6 +139,8 @@ class _Flushed:
 
     run_id: str
     known: KnownHead | None = None
+    prune_again: bool = False
+    """Whether retention must be applied again (a save committed while the statement ran)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +163,8 @@ class _OneStatement:
         if not (_is_count(seq) and _is_count(through)):
             raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
         saved = RunHead(incarnation=outcome.run_pk, line=outcome.line, last_no=through, latest=list(self.digests))
-        return _Flushed(run_id, KnownHead(saved, Anchor(run_id=run_id, seq=seq), checked=True))
+        known = KnownHead(saved, Anchor(run_id=run_id, seq=seq), checked=True)
+        return _Flushed(run_id, known, prune_again=outcome.saw_concurrent_save)
 
 
 def _is_count(value: object) -> TypeIs[int]:
@@ -209,6 +212,9 @@ class SnapshotSaves:
                 if flushed is not None:
                     if flushed.known is not None:
                         self._remember(flushed.run_id, flushed.known)
+                    if flushed.prune_again and self._max_snapshots is not None:
+                        prune = partial(self._prune, run_id=flushed.run_id, max_snapshots=self._max_snapshots)
+                        await self._db.run(prune, write=True)
                     return
             try:
                 await self._db.run(partial(self._write, batch=batch, prepared=prepared), write=True)
