@@ -21,7 +21,7 @@ from step_persistence.durable import LeaseLostError, WorkflowRecord, journal_for
 from step_persistence.records import utc_now
 from support.backends import BACKENDS, BackendSession, spec_of
 from support.console_script import cli
-from support.durable_agents import Calls, build_agent
+from support.durable_agents import Calls, Counted, Shop, abandon_inside_charge, build_agent, build_shop_agent
 
 pytestmark = pytest.mark.anyio
 
@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, {tests!r})
 
-from support.durable_agents import Calls, build_agent
+from support.durable_agents import Calls, Counted, Shop, abandon_inside_charge, build_agent, build_shop_agent
 
 
 def build(store):
@@ -141,3 +141,43 @@ def test_recover_needs_its_agents_and_says_what_is_wrong_with_them(tmp_path: Pat
     refused = cli('recover', '--store', url, '--agents', 'no_such_module_here:agents', expect=2).stderr
     assert "cannot import 'no_such_module_here'" in refused
     assert 'MODULE:ATTRIBUTE' in cli('recover', '--store', url, '--agents', 'nocolon', expect=2).stderr
+
+
+SHOP_MODULE = """
+import sys
+
+sys.path.insert(0, {tests!r})
+
+from support.durable_agents import Counted, Shop, build_shop_agent
+
+
+def build(store):
+    return [build_shop_agent(store, Counted())]
+
+
+async def deps(workflow):
+    return Shop(workflow.workflow_id.split('-')[0])
+"""
+
+
+async def test_recover_gives_each_run_the_deps_made_for_its_workflow(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--deps` names a function of the workflow's record (here async); without it the agent's tool has none."""
+    url = f'sqlite:///{tmp_path / "runs.db"}'
+    async with from_spec(url) as store:
+        counted = Counted()
+        run = build_shop_agent(store, counted).run('Charge order 5', deps=Shop('north'), run_id='north-5')
+        await abandon_inside_charge(store, run, counted, 'north-5')
+    tests = str(Path(__file__).parents[1])
+    (tmp_path / 'shop_agents.py').write_text(SHOP_MODULE.format(tests=tests))
+    monkeypatch.chdir(tmp_path)
+    refused = cli(
+        'recover', '--store', url, '--agents', 'shop_agents:build', '--deps', 'shop_agents:Shop.name', expect=2
+    )
+    assert "--deps 'shop_agents:Shop.name'" in refused.stderr
+    recovered = json.loads(
+        cli('recover', '--store', url, '--agents', 'shop_agents:build', '--deps', 'shop_agents:deps', '--json').stdout
+    )
+    [workflow] = recovered['workflows']
+    assert (workflow['outcome'], workflow['output']) == ('resumed', 'north charged 1250 after 0 earlier messages')

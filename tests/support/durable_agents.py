@@ -6,15 +6,20 @@ import asyncio
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
+import pytest
 from pydantic_ai import Agent, DeferredToolRequests, RunContext, Tool
 from pydantic_ai.messages import ModelMessage, ModelRequest, ModelResponse, TextPart, ToolCallPart, ToolReturnPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
 from step_persistence import StepPersistence, StepStore, annotate_tool_effect
 from step_persistence.durable.engine import StepDurability
+from step_persistence.durable.errors import LeaseLostError
+from step_persistence.durable.journals import journal_for
 from step_persistence.durable.policies import METADATA_KEY
+from step_persistence.records import utc_now
 
 AGENT_NAME = 'orders'
 
@@ -157,3 +162,65 @@ def build_delegating_agent(
         output_type=[str, DeferredToolRequests],
         capabilities=[StepPersistence(store), StepDurability(store, **lease)],
     )
+
+
+@dataclass
+class Shop:
+    """The deps of `build_shop_agent`'s agent."""
+
+    name: str
+
+
+@dataclass
+class Counted:
+    """What `build_shop_agent`'s agent really ran; `charge` waits for `release` once it is set to an event."""
+
+    model: int = 0
+    charges: int = 0
+    inside: asyncio.Event = field(default_factory=asyncio.Event)
+    release: asyncio.Event | None = None
+    seen: list[list[ModelMessage]] = field(default_factory=list[list[ModelMessage]])
+
+
+def build_shop_agent(store: StepStore, counted: Counted) -> Agent[Shop, str]:
+    """An agent whose request after a prompt calls `charge` (which needs `deps`), and whose next one answers."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        counted.model += 1
+        counted.seen.append(list(messages))
+        last = messages[-1]
+        if isinstance(last, ModelRequest) and any(isinstance(part, ToolReturnPart) for part in last.parts):
+            returned = next(part for part in last.parts if isinstance(part, ToolReturnPart))
+            return ModelResponse(parts=[TextPart(f'{returned.content} after {len(messages) - 3} earlier messages')])
+        return ModelResponse(parts=[ToolCallPart('charge', {'cents': 1250}, tool_call_id='call-charge')])
+
+    async def charge(ctx: RunContext[Shop], cents: int) -> str:
+        counted.charges += 1
+        counted.inside.set()
+        if counted.release is not None:
+            await counted.release.wait()
+        return f'{ctx.deps.name} charged {cents}'
+
+    return Agent(
+        FunctionModel(model),
+        name='orders',
+        deps_type=Shop,
+        tools=[Tool(charge, metadata={'step_persistence': {'idempotent': True}})],
+        capabilities=[StepPersistence(store), StepDurability(store)],
+    )
+
+
+async def abandon_inside_charge(store: StepStore, run: Any, counted: Counted, workflow_id: str) -> None:
+    """Leave `run` (stopped inside `charge`) abandoned, as a dead process would: its lease taken by a gone owner
+    whose lease expired, so the run's own writes are refused and it stops without ending the workflow."""
+    counted.release = asyncio.Event()
+    task = asyncio.ensure_future(run)
+    await counted.inside.wait()
+    now = utc_now()
+    gone = await journal_for(store).claim_workflow(
+        workflow_id=workflow_id, owner='gone', lease_expires_at=now - timedelta(seconds=1), now=now + timedelta(hours=1)
+    )
+    assert gone is not None and gone.owner == 'gone'
+    counted.release.set()
+    with pytest.raises(LeaseLostError):
+        await task

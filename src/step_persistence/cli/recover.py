@@ -37,22 +37,22 @@ if TYPE_CHECKING:
 __all__ = ['recover']
 
 
-def _import_attribute(spec: str) -> Any:
+def _import_attribute(spec: str, option: str = '--agents') -> Any:
     """The object `module:attr` (`attr` may be dotted) names; `UsageError` saying what is missing."""
     module_name, colon, attribute = spec.partition(':')
     if not colon or not module_name or not attribute:
-        raise UsageError(f'--agents {spec!r} must be MODULE:ATTRIBUTE (for example myapp.agents:build_agents)')
+        raise UsageError(f'{option} {spec!r} must be MODULE:ATTRIBUTE (for example myapp.agents:build_agents)')
     if os.getcwd() not in sys.path:  # as `python -m` would: the application's modules are found from here
         sys.path.insert(0, os.getcwd())
     try:
         value: Any = import_module(module_name)
     except ImportError as error:
-        raise UsageError(f'--agents {spec!r}: cannot import {module_name!r}: {error}') from error
+        raise UsageError(f'{option} {spec!r}: cannot import {module_name!r}: {error}') from error
     for name in attribute.split('.'):
         try:
             value = getattr(value, name)
         except AttributeError:
-            raise UsageError(f'--agents {spec!r}: {module_name!r} has no attribute {attribute!r}') from None
+            raise UsageError(f'{option} {spec!r}: {module_name!r} has no attribute {attribute!r}') from None
     return value
 
 
@@ -110,6 +110,18 @@ def recover(
             show_default=False,
         ),
     ] = None,
+    deps: Annotated[
+        str | None,
+        typer.Option(
+            '--deps',
+            metavar='MODULE:ATTRIBUTE',
+            help=(
+                "A function given a workflow's record (WorkflowRecord) and returning the deps its run is given "
+                '(awaited if it returns an awaitable). Without it, runs get no deps.'
+            ),
+            show_default=False,
+        ),
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option('--dry-run', help='Only list the abandoned workflows; claim and run nothing.')
     ] = False,
@@ -118,7 +130,8 @@ def recover(
     """Resume the durable workflows whose run stopped holding its lease (its process died), oldest first.
 
     Each is claimed (atomically: of several processes recovering at once, one resumes it) and run to its
-    end by the agent named as the one that ran it, with its recorded prompt: completed units replay,
+    end by the agent named as the one that ran it, with its recorded prompt and initial message history
+    (and the deps --deps makes for it): completed units replay,
     the rest run. Exit 1 if a resumed run failed; a workflow no agent given can run is skipped, with a
     warning. --dry-run reads only.
     """
@@ -126,6 +139,9 @@ def recover(
         fail('give the agents that run the workflows: --agents MODULE:ATTRIBUTE (or --dry-run)', EXIT_USAGE)
     try:  # before the store is opened: a mistake in them is a usage error, whatever the store
         named = {spec: _import_attribute(spec) for spec in agents or ()} if not dry_run else {}
+        deps_for = None if deps is None or dry_run else _import_attribute(deps, '--deps')
+        if deps_for is not None and not callable(deps_for):
+            raise UsageError(f'--deps {deps!r} is a {type(deps_for).__name__}, not a function')
     except UsageError as error:
         fail(str(error), EXIT_USAGE)
 
@@ -142,7 +158,7 @@ def recover(
         async with open_store(store) as opened:
             given = [agent for spec, value in named.items() for agent in _agents_of(spec, value, opened)]
             try:
-                return await recover_abandoned(opened, agents=given)
+                return await recover_abandoned(opened, agents=given, deps=deps_for)
             except (TypeError, ValueError) as error:
                 raise UsageError(str(error)) from error
 

@@ -14,6 +14,7 @@ from step_persistence.capability import StepPersistence
 from step_persistence.durable.children import DELEGATING_UNIT
 from step_persistence.durable.errors import CodeVersionMismatchError, LeaseLostError, ReplayDivergedError
 from step_persistence.durable.fingerprints import inputs_fingerprint
+from step_persistence.durable.inputs import HISTORY_UNIT, history_reference, journal_history
 from step_persistence.durable.journals import journal_for, journal_media
 from step_persistence.durable.leases import DEFAULT_LEASE, Clock, Lease, begin_workflow
 from step_persistence.durable.policies import METADATA_KEY, InFlightPolicy, check_policy
@@ -215,6 +216,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         inputs: dict[str, Any] = {
             'prompt': ctx.prompt if isinstance(ctx.prompt, str) else None,
             'fingerprint': inputs_fingerprint(ctx.prompt, ctx.messages),
+            'history': await history_reference(self.store, ctx.messages),
         }
         parent = DELEGATING_UNIT.get()
         if parent is not None:
@@ -250,6 +252,12 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             if record.attempts > 1:
                 self._check_replayable(record, inputs)
             units = await journal.list_units(workflow_id=workflow_id)
+            media = journal_media(self.store)
+            history = record.inputs.get('history')
+            journaled = any(unit.unit_key == HISTORY_UNIT for unit in units)
+            if isinstance(history, dict) and history.get('unit') == HISTORY_UNIT and not journaled:
+                # Once, so that `recover_abandoned` can start the run again from it.
+                await journal_history(journal, media, workflow_id, ctx.messages, lease.fence)
         except BaseException:
             await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence))
             raise
@@ -257,7 +265,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             journal=journal,
             record=record,
             stored={unit.unit_key: unit for unit in units},
-            media=journal_media(self.store),
+            media=media,
             lease=lease,
         )
         durable = DurableRun(

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -11,14 +12,16 @@ from pydantic_ai.agent.abstract import AbstractAgent
 from pydantic_ai.capabilities import AbstractCapability
 
 from step_persistence.durable.engine import StepDurability
-from step_persistence.durable.journals import journal_for
+from step_persistence.durable.fingerprints import inputs_fingerprint
+from step_persistence.durable.inputs import HistoryUnavailable, read_history
+from step_persistence.durable.journals import journal_for, journal_media
 from step_persistence.durable.leases import RECOVERY_LEASE, Clock, Lease, new_owner
 from step_persistence.durable.protocol import JournalStore
 from step_persistence.durable.records import Fence, WorkflowRecord
 from step_persistence.protocol import StepStore
 from step_persistence.records import utc_now
 
-__all__ = ['Recovery', 'RecoveryOutcome', 'recover_abandoned']
+__all__ = ['DepsFor', 'Recovery', 'RecoveryOutcome', 'recover_abandoned']
 
 logger = logging.getLogger('step_persistence.durable')
 
@@ -39,6 +42,9 @@ class Recovery:
     output: Any = None
     """The resumed run's output."""
 
+
+DepsFor = Callable[[WorkflowRecord], Any]
+"""The `deps` a recovered workflow's run is given, made from its record (an awaitable's result is awaited)."""
 
 _Agents = dict[str, tuple[AbstractAgent[Any, Any], StepDurability[Any]]]
 """The agents given, by name, with their `StepDurability`."""
@@ -75,12 +81,14 @@ async def recover_abandoned(
     store: StepStore,
     *,
     agents: Iterable[AbstractAgent[Any, Any]],
+    deps: DepsFor | None = None,
     clock: Clock = utc_now,
 ) -> list[Recovery]:
     """Claim each `running` workflow of `store` whose lease expired, and resume it; what became of each.
 
     A workflow is resumed by the agent named as the one that ran it (its `StepDurability` must journal
-    in `store`'s storage), with its recorded prompt, under its workflow id: its completed units replay
+    in `store`'s storage), with its recorded prompt and initial message history, and `deps(workflow)`
+    as its `deps` (none without `deps`), under its workflow id: its completed units replay
     and the rest run, its in-flight unit decided by its policy. The claim is atomic (compare-and-set on
     the lease), so of several processes recovering at once exactly one resumes a workflow; the others
     report it `taken`. Workflows are recovered one after another, oldest first; one whose run raises is
@@ -90,11 +98,18 @@ async def recover_abandoned(
     journal = journal_for(store)
     recoveries: list[Recovery] = []
     for record in await journal.list_abandoned(now=clock()):
-        recoveries.append(await _recover(journal, record, by_name, clock))
+        recoveries.append(await _recover(store, journal, record, by_name, deps, clock))
     return recoveries
 
 
-async def _recover(journal: JournalStore, record: WorkflowRecord, by_name: _Agents, clock: Clock) -> Recovery:
+async def _recover(
+    store: StepStore,
+    journal: JournalStore,
+    record: WorkflowRecord,
+    by_name: _Agents,
+    deps_for: DepsFor | None,
+    clock: Clock,
+) -> Recovery:
     """Claim `record`'s workflow (if it can be resumed here) and run it to its end holding that lease."""
     workflow_id, agent_name = record.workflow_id, record.agent_name
 
@@ -107,10 +122,22 @@ async def _recover(journal: JournalStore, record: WorkflowRecord, by_name: _Agen
     if found is None:
         return outcome('skipped', f'no agent named {agent_name!r} was given')
     prompt = record.inputs.get('prompt')
-    if not isinstance(prompt, str):
-        return outcome(
-            'skipped', 'its run was started without a text prompt (a message history), which is not recorded'
-        )
+    try:
+        history = await read_history(store, journal, journal_media(store), record)
+    except HistoryUnavailable as error:
+        return outcome('skipped', str(error))
+    if inputs_fingerprint(prompt, history or []) != record.inputs.get('fingerprint'):
+        # Its prompt was not text (content parts), or its history was given before histories were recorded.
+        return outcome('skipped', 'its run was started with inputs that are not recorded (a prompt that is not text)')
+    deps: Any = None
+    if deps_for is not None:
+        try:
+            deps = deps_for(record)
+            if inspect.isawaitable(deps):
+                deps = await deps
+        except Exception as error:
+            logger.warning('durable workflow %r: its deps could not be made', workflow_id, exc_info=True)
+            return outcome('skipped', f'its deps could not be made: {type(error).__name__}: {error}')
     agent, durability = found
     owner, now = new_owner(), clock()
     expires_at = now + durability.lease_duration
@@ -129,7 +156,7 @@ async def _recover(journal: JournalStore, record: WorkflowRecord, by_name: _Agen
     )
     token = RECOVERY_LEASE.set(lease)
     try:
-        result = await agent.run(prompt, run_id=workflow_id)
+        result = await agent.run(prompt, message_history=history, deps=deps, run_id=workflow_id)
     except Exception as error:
         logger.warning('durable workflow %r: its recovered run failed', workflow_id, exc_info=True)
         return outcome('failed', f'{type(error).__name__}: {error}')

@@ -1,0 +1,124 @@
+"""`recover_abandoned` resumes runs that need more than a text prompt: an initial history, and `deps`."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+from pydantic_ai.messages import (
+    BinaryContent,
+    ModelMessage,
+    ModelRequest,
+    ModelResponse,
+    TextPart,
+    UserPromptPart,
+)
+
+from step_persistence import InMemoryStepStore, StepStore
+from step_persistence.durable import WorkflowRecord, journal_for, recover_abandoned
+from step_persistence.durable.inputs import HISTORY_UNIT
+from support.backends import BACKENDS
+from support.durable_agents import Counted, Shop, abandon_inside_charge, build_shop_agent
+
+pytestmark = pytest.mark.anyio
+
+IMAGE = BinaryContent(b'\x89PNG\r\n' + bytes(range(256)) * 64, media_type='image/png')
+
+
+@pytest.fixture(params=['mongo', 'sqlite'])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StepStore]:
+    async with BACKENDS[request.param].open(request) as session:
+        yield await session.make()
+
+
+async def test_a_run_given_a_history_no_store_has_is_recovered_with_it_and_its_deps(store: StepStore) -> None:
+    history: list[ModelMessage] = [
+        ModelRequest(parts=[UserPromptPart(['Here is the receipt', IMAGE])]),
+        ModelResponse(parts=[TextPart('noted')]),
+    ]
+    first = Counted()
+    run = build_shop_agent(store, first).run(
+        'Charge order 7', message_history=history, deps=Shop('north'), run_id='order-7'
+    )
+    await abandon_inside_charge(store, run, first, 'order-7')
+    journal = journal_for(store)
+    workflow = await journal.get_workflow(workflow_id='order-7')
+    assert workflow is not None and workflow.inputs['history'] == {'unit': HISTORY_UNIT}
+    [journaled] = [unit for unit in await journal.list_units(workflow_id='order-7') if unit.unit_key == HISTORY_UNIT]
+    assert journaled.externalized  # the image is in the media store, as a snapshot's would be
+
+    made_for: list[str] = []
+
+    def deps(workflow: WorkflowRecord) -> Shop:
+        made_for.append(workflow.workflow_id)
+        return Shop('north')
+
+    again = Counted()
+    [recovery] = await recover_abandoned(store, agents=[build_shop_agent(store, again)], deps=deps)
+    assert (recovery.outcome, recovery.output) == ('resumed', 'north charged 1250 after 2 earlier messages')
+    assert made_for == ['order-7']
+    assert (again.model, again.charges) == (1, 1)  # the first request replayed; the charge in flight ran again
+    [request] = again.seen
+    [prompt] = request[0].parts
+    assert isinstance(prompt, UserPromptPart) and not isinstance(prompt.content, str)
+    text, image = prompt.content
+    assert text == 'Here is the receipt'  # and the image came back from the media store:
+    assert isinstance(image, BinaryContent) and (image.data, image.media_type) == (IMAGE.data, IMAGE.media_type)
+    done = await journal.get_workflow(workflow_id='order-7')
+    assert done is not None and done.status == 'completed'
+
+
+async def test_a_run_continuing_a_stored_snapshot_records_it_by_reference(store: StepStore) -> None:
+    earlier = await build_shop_agent(store, Counted()).run('Charge order 8', deps=Shop('south'), run_id='order-8')
+    first = Counted()
+    history = earlier.all_messages()
+    run = build_shop_agent(store, first).run(
+        'Charge it again', message_history=history, deps=Shop('south'), run_id='order-9'
+    )
+    await abandon_inside_charge(store, run, first, 'order-9')
+    journal = journal_for(store)
+    workflow = await journal.get_workflow(workflow_id='order-9')
+    assert workflow is not None
+    reference = workflow.inputs['history']['snapshot']
+    assert (reference['kind'], reference['run_id']) == ('continued', 'order-8')
+    assert HISTORY_UNIT not in {unit.unit_key for unit in await journal.list_units(workflow_id='order-9')}
+
+    again = Counted()
+    [recovery] = await recover_abandoned(
+        store, agents=[build_shop_agent(store, again)], deps=lambda workflow: Shop('south')
+    )
+    assert (recovery.outcome, recovery.output) == (
+        'resumed',
+        f'south charged 1250 after {len(history)} earlier messages',
+    )
+    assert (again.model, again.charges) == (1, 1)
+    resumed = await store.get_run(run_id='order-9')
+    assert resumed is not None and resumed.origin is not None
+    assert (resumed.origin.kind, resumed.origin.run_id) == ('continued', 'order-8')
+
+
+async def test_a_workflow_whose_deps_cannot_be_made_is_skipped_unclaimed() -> None:
+    store = InMemoryStepStore()
+    first = Counted()
+    await abandon_inside_charge(
+        store,
+        build_shop_agent(store, first).run('Charge order 10', deps=Shop('east'), run_id='order-10'),
+        first,
+        'order-10',
+    )
+
+    def deps(workflow: WorkflowRecord) -> Shop:
+        raise KeyError(workflow.workflow_id)
+
+    [recovery] = await recover_abandoned(store, agents=[build_shop_agent(store, Counted())], deps=deps)
+    assert recovery.outcome == 'skipped' and "its deps could not be made: KeyError: 'order-10'" in (
+        recovery.detail or ''
+    )
+    stored = await journal_for(store).get_workflow(workflow_id='order-10')
+    assert stored is not None and stored.owner == 'gone'  # not claimed
+
+    async def async_deps(workflow: WorkflowRecord) -> Shop:
+        return Shop('east')
+
+    [recovery] = await recover_abandoned(store, agents=[build_shop_agent(store, Counted())], deps=async_deps)
+    assert (recovery.outcome, recovery.output) == ('resumed', 'east charged 1250 after 0 earlier messages')
