@@ -11,12 +11,13 @@ from pydantic_ai.messages import (
     ModelRequest,
     ModelResponse,
     TextPart,
+    UserContent,
     UserPromptPart,
 )
 
 from step_persistence import InMemoryStepStore, StepStore
 from step_persistence.durable import WorkflowRecord, journal_for, recover_abandoned
-from step_persistence.durable.inputs import HISTORY_UNIT
+from step_persistence.durable.inputs import HISTORY_UNIT, PROMPT_UNIT
 from support.backends import BACKENDS
 from support.durable_agents import Counted, Shop, abandon_inside_charge, build_shop_agent
 
@@ -122,3 +123,27 @@ async def test_a_workflow_whose_deps_cannot_be_made_is_skipped_unclaimed() -> No
 
     [recovery] = await recover_abandoned(store, agents=[build_shop_agent(store, Counted())], deps=async_deps)
     assert (recovery.outcome, recovery.output) == ('resumed', 'east charged 1250 after 0 earlier messages')
+
+
+async def test_a_run_given_a_prompt_of_content_parts_is_recovered_with_it(store: StepStore) -> None:
+    first = Counted()
+    prompt: list[UserContent] = ['Charge the order on this receipt', IMAGE]
+    await abandon_inside_charge(
+        store, build_shop_agent(store, first).run(prompt, deps=Shop('west'), run_id='order-11'), first, 'order-11'
+    )
+    journal = journal_for(store)
+    workflow = await journal.get_workflow(workflow_id='order-11')
+    assert workflow is not None and (workflow.inputs['prompt'], workflow.inputs['history']) == (
+        {'unit': PROMPT_UNIT},
+        None,
+    )
+
+    again = Counted()
+    [recovery] = await recover_abandoned(store, agents=[build_shop_agent(store, again)], deps=lambda _: Shop('west'))
+    assert (recovery.outcome, recovery.output) == ('resumed', 'west charged 1250 after 0 earlier messages')
+    assert (again.model, again.charges) == (1, 1)
+    [prompt_part] = again.seen[0][0].parts
+    assert isinstance(prompt_part, UserPromptPart) and not isinstance(prompt_part.content, str)
+    text, image = prompt_part.content
+    assert text == 'Charge the order on this receipt'
+    assert isinstance(image, BinaryContent) and image.data == IMAGE.data

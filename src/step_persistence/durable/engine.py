@@ -14,7 +14,7 @@ from step_persistence.capability import StepPersistence
 from step_persistence.durable.children import DELEGATING_UNIT
 from step_persistence.durable.errors import CodeVersionMismatchError, LeaseLostError, ReplayDivergedError
 from step_persistence.durable.fingerprints import inputs_fingerprint
-from step_persistence.durable.inputs import HISTORY_UNIT, history_reference, journal_history
+from step_persistence.durable.inputs import journal_inputs, recorded_inputs
 from step_persistence.durable.journals import journal_for, journal_media
 from step_persistence.durable.leases import DEFAULT_LEASE, Clock, Lease, begin_workflow
 from step_persistence.durable.policies import METADATA_KEY, InFlightPolicy, check_policy
@@ -214,9 +214,8 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             raise RuntimeError('the run context has no run_id to journal the run under')
         journal = journal_for(self.store)
         inputs: dict[str, Any] = {
-            'prompt': ctx.prompt if isinstance(ctx.prompt, str) else None,
             'fingerprint': inputs_fingerprint(ctx.prompt, ctx.messages),
-            'history': await history_reference(self.store, ctx.messages),
+            **await recorded_inputs(self.store, ctx.prompt, ctx.messages),
         }
         parent = DELEGATING_UNIT.get()
         if parent is not None:
@@ -253,11 +252,8 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
                 self._check_replayable(record, inputs)
             units = await journal.list_units(workflow_id=workflow_id)
             media = journal_media(self.store)
-            history = record.inputs.get('history')
-            journaled = any(unit.unit_key == HISTORY_UNIT for unit in units)
-            if isinstance(history, dict) and history.get('unit') == HISTORY_UNIT and not journaled:
-                # Once, so that `recover_abandoned` can start the run again from it.
-                await journal_history(journal, media, workflow_id, ctx.messages, lease.fence)
+            # So that `recover_abandoned` can start the run again: the inputs its record refers to, once.
+            await journal_inputs(journal, media, record, units, ctx.prompt, ctx.messages, lease.fence)
         except BaseException:
             await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence))
             raise

@@ -1,19 +1,21 @@
-"""A workflow's initial message history, recorded so that `recover_abandoned` can start its run again.
+"""A workflow's inputs beyond a text prompt, recorded so that `recover_abandoned` can start its run again.
 
-`WorkflowRecord.inputs['history']` says where the history is: `None` (the run had none),
-`{'snapshot': {'kind', 'run_id', 'seq'}}` (the stored snapshot it continues or forks, found as
-`StepPersistence` finds a run's origin: nothing is stored twice), or `{'unit': HISTORY_UNIT}` (a
-history no store has, journaled once as a completed unit of the workflow, in the store's message
-encoding with its media in the store's media store, as a unit's result is).
+`WorkflowRecord.inputs['history']` says where the initial message history is: `None` (the run had
+none), `{'snapshot': {'kind', 'run_id', 'seq'}}` (the stored snapshot it continues or forks, found
+as `StepPersistence` finds a run's origin: nothing is stored twice), or `{'unit': HISTORY_UNIT}` (a
+history no store has, journaled once as a completed unit of the workflow). A prompt that is not
+text (content parts: images, documents) is journaled as `PROMPT_UNIT` (`inputs['prompt']` is then
+`{'unit': PROMPT_UNIT}`), a user prompt message. Both units are in the store's message encoding,
+their media in the store's media store, as a unit's result is.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelRequest, UserContent, UserPromptPart
 
 from step_persistence._history import encode_messages
 from step_persistence.durable.protocol import JournalStore
@@ -23,66 +25,118 @@ from step_persistence.protocol import StepStore
 from step_persistence.records import OriginKind, utc_now
 from step_persistence.stores._media import MessageMedia
 
-__all__ = ['HISTORY_UNIT', 'HistoryUnavailable', 'history_reference', 'journal_history', 'read_history']
+__all__ = [
+    'HISTORY_UNIT',
+    'PROMPT_UNIT',
+    'InputsUnavailable',
+    'journal_inputs',
+    'read_inputs',
+    'recorded_inputs',
+]
 
 HISTORY_UNIT = 'step_persistence:initial_history#run#0'
 """The key of the unit holding a workflow's initial history when no stored snapshot has it."""
 
+PROMPT_UNIT = 'step_persistence:prompt#run#0'
+"""The key of the unit holding a workflow's prompt when it is not text."""
 
-class HistoryUnavailable(LookupError):
-    """A workflow's initial history cannot be read back (not recorded, or its snapshot is no longer retained)."""
-
-
-async def history_reference(store: StepStore, messages: Sequence[ModelMessage]) -> dict[str, Any] | None:
-    """`inputs['history']` for a run starting from `messages`: the snapshot they came from, or the unit."""
-    if not messages:
-        return None
-    origin = await find_origin(store, messages, encode_messages(messages), conversation_id=None)
-    if origin is None:
-        return {'unit': HISTORY_UNIT}
-    return {'snapshot': {'kind': origin.kind, 'run_id': origin.run_id, 'seq': origin.seq}}
+Prompt = str | Sequence[UserContent] | None
 
 
-async def journal_history(
-    journal: JournalStore, media: MessageMedia, workflow_id: str, messages: Sequence[ModelMessage], fence: Fence
+class InputsUnavailable(LookupError):
+    """A workflow's inputs cannot be read back (not journaled, or its history's snapshot is no longer retained)."""
+
+
+async def recorded_inputs(store: StepStore, prompt: Prompt, messages: Sequence[ModelMessage]) -> dict[str, Any]:
+    """`inputs['prompt']` and `inputs['history']` for a run started with `prompt` from `messages`."""
+    history: dict[str, Any] | None = None
+    if messages:
+        origin = await find_origin(store, messages, encode_messages(messages), conversation_id=None)
+        history = (
+            {'unit': HISTORY_UNIT}
+            if origin is None
+            else {'snapshot': {'kind': origin.kind, 'run_id': origin.run_id, 'seq': origin.seq}}
+        )
+    recorded_prompt = prompt if prompt is None or isinstance(prompt, str) else {'unit': PROMPT_UNIT}
+    return {'prompt': recorded_prompt, 'history': history}
+
+
+async def journal_inputs(
+    journal: JournalStore,
+    media: MessageMedia,
+    record: WorkflowRecord,
+    units: Sequence[DurableUnit],
+    prompt: Prompt,
+    messages: Sequence[ModelMessage],
+    fence: Fence,
 ) -> None:
-    """Journal `messages` as the workflow's `HISTORY_UNIT` (completed: a replay never runs it)."""
-    tree = [json.loads(encoded.data) for encoded in encode_messages(messages)]
-    payload, externalized = await media.pack_changed(tree)
-    unit = DurableUnit(
-        workflow_id=workflow_id,
-        unit_key=HISTORY_UNIT,
-        name=HISTORY_UNIT.split('#', 1)[0],
-        kind='other',
-        status='completed',
-        result=payload,
-        externalized=externalized,
-        ended_at=utc_now(),
-    )
-    await journal.record_unit(unit, fence=fence)
+    """Journal the units `record`'s inputs refer to and `units` (those stored) lack: once per workflow."""
+    stored = {unit.unit_key for unit in units}
+    pending: list[tuple[str, Sequence[ModelMessage]]] = []
+    if _refers_to(record.inputs.get('history'), HISTORY_UNIT):
+        pending.append((HISTORY_UNIT, messages))
+    if _refers_to(record.inputs.get('prompt'), PROMPT_UNIT) and prompt is not None and not isinstance(prompt, str):
+        pending.append((PROMPT_UNIT, [ModelRequest(parts=[UserPromptPart(list(prompt))])]))
+    for key, journaled in pending:
+        if key in stored:
+            continue
+        tree = [json.loads(encoded.data) for encoded in encode_messages(journaled)]
+        payload, externalized = await media.pack_changed(tree)
+        unit = DurableUnit(
+            workflow_id=record.workflow_id,
+            unit_key=key,
+            name=key.split('#', 1)[0],
+            kind='other',
+            status='completed',
+            result=payload,
+            externalized=externalized,
+            ended_at=utc_now(),
+        )
+        await journal.record_unit(unit, fence=fence)
 
 
-async def read_history(
+async def read_inputs(
     store: StepStore, journal: JournalStore, media: MessageMedia, record: WorkflowRecord
-) -> list[ModelMessage] | None:
-    """The initial history `record`'s run started from (`None`: it had none or none was recorded), as
-    `history_reference` recorded it: compare the run's inputs fingerprint to know which.
+) -> tuple[Prompt, list[ModelMessage] | None]:
+    """The prompt and initial history `record`'s run started with, as `recorded_inputs` recorded them.
 
-    A history read from a snapshot is tagged with its origin, so the resumed run's record keeps the same
-    one. `HistoryUnavailable` when it cannot be read.
+    A workflow recorded before histories were has none here: compare the run's inputs fingerprint to
+    know whether that is what it ran with. A history read from a snapshot is tagged with its origin,
+    so the resumed run's record keeps the same one. `InputsUnavailable` when they cannot be read.
     """
-    where = record.inputs.get('history')  # absent in a workflow recorded before histories were
+    prompt, where = record.inputs.get('prompt'), record.inputs.get('history')
+    units: Mapping[str, DurableUnit] = {}
+    if _refers_to(prompt, PROMPT_UNIT) or _refers_to(where, HISTORY_UNIT):
+        units = {unit.unit_key: unit for unit in await journal.list_units(workflow_id=record.workflow_id)}
+    if _refers_to(prompt, PROMPT_UNIT):
+        journaled = await _journaled(units, PROMPT_UNIT, media, 'its prompt')
+        request = journaled[0] if len(journaled) == 1 else None
+        part = request.parts[0] if isinstance(request, ModelRequest) and len(request.parts) == 1 else None
+        if not isinstance(part, UserPromptPart) or isinstance(part.content, str):
+            raise InputsUnavailable('its journaled prompt is damaged')
+        prompt = list(part.content)
+    elif prompt is not None and not isinstance(prompt, str):
+        raise InputsUnavailable(f'its recorded prompt is damaged: {prompt!r}')
     if where is None:
-        return None
+        return prompt, None
     if not isinstance(where, dict):
-        raise HistoryUnavailable(f'its recorded history is damaged: {where!r}')
+        raise InputsUnavailable(f'its recorded history is damaged: {where!r}')
     snapshot = where.get('snapshot')
     if isinstance(snapshot, dict):
-        return await _from_snapshot(store, snapshot)
-    units = {unit.unit_key: unit for unit in await journal.list_units(workflow_id=record.workflow_id)}
-    unit = units.get(HISTORY_UNIT)
-    if where.get('unit') != HISTORY_UNIT or unit is None or unit.status != 'completed':
-        raise HistoryUnavailable('its initial message history was not journaled (its run stopped first)')
+        return prompt, await _from_snapshot(store, snapshot)
+    if not _refers_to(where, HISTORY_UNIT):
+        raise InputsUnavailable(f'its recorded history is damaged: {where!r}')
+    return prompt, await _journaled(units, HISTORY_UNIT, media, 'its initial message history')
+
+
+def _refers_to(recorded: object, key: str) -> bool:
+    return isinstance(recorded, dict) and recorded.get('unit') == key
+
+
+async def _journaled(units: Mapping[str, DurableUnit], key: str, media: MessageMedia, what: str) -> list[ModelMessage]:
+    unit = units.get(key)
+    if unit is None or unit.status != 'completed':
+        raise InputsUnavailable(f'{what} was not journaled (its run stopped first)')
     tree = await media.unpack(unit.result, externalized=unit.externalized)
     return ModelMessagesTypeAdapter.validate_python(tree)
 
@@ -90,9 +144,9 @@ async def read_history(
 async def _from_snapshot(store: StepStore, reference: dict[str, Any]) -> list[ModelMessage]:
     run_id, seq, kind = reference.get('run_id'), reference.get('seq'), reference.get('kind')
     if not isinstance(run_id, str) or not isinstance(seq, int) or kind not in ('continued', 'forked'):
-        raise HistoryUnavailable(f'its recorded history reference is damaged: {reference!r}')
+        raise InputsUnavailable(f'its recorded history reference is damaged: {reference!r}')
     origin_kind: OriginKind = 'continued' if kind == 'continued' else 'forked'
     for snapshot in await store.list_snapshots(run_id=run_id, include_interrupted=True):
         if snapshot.seq == seq:
             return tag_history(list(snapshot.messages), kind=origin_kind, run_id=run_id, seq=seq)
-    raise HistoryUnavailable(f'its initial history is snapshot {seq} of run {run_id!r}, which is no longer retained')
+    raise InputsUnavailable(f'its initial history is snapshot {seq} of run {run_id!r}, which is no longer retained')

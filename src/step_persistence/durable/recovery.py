@@ -13,7 +13,7 @@ from pydantic_ai.capabilities import AbstractCapability
 
 from step_persistence.durable.engine import StepDurability
 from step_persistence.durable.fingerprints import inputs_fingerprint
-from step_persistence.durable.inputs import HistoryUnavailable, read_history
+from step_persistence.durable.inputs import InputsUnavailable, read_inputs
 from step_persistence.durable.journals import journal_for, journal_media
 from step_persistence.durable.leases import RECOVERY_LEASE, Clock, Lease, new_owner
 from step_persistence.durable.protocol import JournalStore
@@ -121,14 +121,13 @@ async def _recover(
     found = by_name.get(agent_name) if agent_name is not None else None
     if found is None:
         return outcome('skipped', f'no agent named {agent_name!r} was given')
-    prompt = record.inputs.get('prompt')
     try:
-        history = await read_history(store, journal, journal_media(store), record)
-    except HistoryUnavailable as error:
+        prompt, history = await read_inputs(store, journal, journal_media(store), record)
+    except InputsUnavailable as error:
         return outcome('skipped', str(error))
     if inputs_fingerprint(prompt, history or []) != record.inputs.get('fingerprint'):
-        # Its prompt was not text (content parts), or its history was given before histories were recorded.
-        return outcome('skipped', 'its run was started with inputs that are not recorded (a prompt that is not text)')
+        # Recorded before prompts that are not text and histories were: its inputs are not known.
+        return outcome('skipped', 'its run was started with inputs that were not recorded')
     deps: Any = None
     if deps_for is not None:
         try:
