@@ -16,7 +16,7 @@ from pydantic_ai.messages import (
 )
 
 from step_persistence import InMemoryStepStore, StepStore
-from step_persistence.durable import WorkflowRecord, journal_for, recover_abandoned
+from step_persistence.durable import DurableUnit, WorkflowRecord, journal_for, recover_abandoned
 from step_persistence.durable.inputs import HISTORY_UNIT, PROMPT_UNIT
 from support.backends import BACKENDS
 from support.durable_agents import Counted, Shop, abandon_inside_charge, build_shop_agent
@@ -147,3 +147,24 @@ async def test_a_run_given_a_prompt_of_content_parts_is_recovered_with_it(store:
     text, image = prompt_part.content
     assert text == 'Charge the order on this receipt'
     assert isinstance(image, BinaryContent) and image.data == IMAGE.data
+
+
+async def test_a_workflow_whose_journaled_inputs_are_damaged_is_skipped() -> None:
+    """Stored data is hostile: a history unit that holds no messages skips its workflow (the next is recovered)."""
+    store = InMemoryStepStore()
+    journal = journal_for(store)
+    inputs = {'prompt': 'Charge order 12', 'history': {'unit': HISTORY_UNIT}, 'fingerprint': 'abc'}
+    await journal.start_workflow(WorkflowRecord(workflow_id='order-12', agent_name='orders', inputs=inputs))
+    damaged = DurableUnit(
+        workflow_id='order-12', unit_key=HISTORY_UNIT, name='x', kind='other', status='completed', result=[{'no': 1}]
+    )
+    await journal.record_unit(damaged)
+    bad_reference = {**inputs, 'history': {'snapshot': {'run_id': 7, 'seq': 'x', 'kind': 'stolen'}}}
+    await journal.start_workflow(WorkflowRecord(workflow_id='order-13', agent_name='orders', inputs=bad_reference))
+    recoveries = await recover_abandoned(store, agents=[build_shop_agent(store, Counted())])
+    assert [(each.workflow_id, each.outcome) for each in recoveries] == [
+        ('order-12', 'skipped'),
+        ('order-13', 'skipped'),
+    ]
+    assert 'its initial message history cannot be read back' in (recoveries[0].detail or '')
+    assert 'its recorded history reference is damaged' in (recoveries[1].detail or '')

@@ -137,8 +137,11 @@ async def _journaled(units: Mapping[str, DurableUnit], key: str, media: MessageM
     unit = units.get(key)
     if unit is None or unit.status != 'completed':
         raise InputsUnavailable(f'{what} was not journaled (its run stopped first)')
-    tree = await media.unpack(unit.result, externalized=unit.externalized)
-    return ModelMessagesTypeAdapter.validate_python(tree)
+    try:
+        tree = await media.unpack(unit.result, externalized=unit.externalized)
+        return ModelMessagesTypeAdapter.validate_python(tree)
+    except ValueError as error:  # damaged, or its media in a media store this store was opened without
+        raise InputsUnavailable(f'{what} cannot be read back: {error}') from error
 
 
 async def _from_snapshot(store: StepStore, reference: dict[str, Any]) -> list[ModelMessage]:
