@@ -1,10 +1,11 @@
 """What a durable engine tells `StepPersistence` about the run it journals (a `ContextVar`).
 
 `StepDurability` sets it around each of its runs; `StepPersistence` reads it so that a replayed run
-leaves one record, not two, and writes only what that record lacks: the run registers with the workflow's first start time (so a replay's
-registration is the same registration), a tool call the journal holds as completed writes no
-`started` ledger record over its terminal one, and a call the engine hands back unrun
-(`InFlightCallRefused`) writes no terminal one over the evidence its interrupted run left.
+leaves one record, not two, and writes only what that record lacks: the run registers with the
+workflow's first start time (so a replay's registration is the same registration), a tool call the
+journal holds as completed writes no `started` ledger record over its terminal one, and a call the
+engine hands back unrun (`InFlightCallRefused`) writes no terminal one over the evidence its
+interrupted run left.
 """
 
 from __future__ import annotations
