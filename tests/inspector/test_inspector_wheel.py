@@ -20,6 +20,7 @@ def test_the_wheel_holds_every_template_and_static_file(tmp_path: Path) -> None:
     assert {
         'step_persistence/inspector/static/inspector.css',
         'step_persistence/inspector/static/inspector.js',
+        'step_persistence/inspector/static/favicon.svg',
     } <= assets
     assert 'step_persistence/inspector/templates/run.html' in assets
     with zipfile.ZipFile(build_wheel(tmp_path)) as wheel:

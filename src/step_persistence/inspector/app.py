@@ -8,7 +8,7 @@
 | `/run/messages?id=RUN&seq=N` | the messages of one snapshot |
 | `/media?run=RUN&seq=N&digest=SHA256` | one blob of that snapshot, with its stored media type |
 | `/conversations`, `/conversation?id=ID` | the conversations, and one as a tree of its runs |
-| `/static/...` | the stylesheet and the one script, packaged with the wheel |
+| `/static/...` | the stylesheet, the one script and the icon, packaged with the wheel |
 
 Ids travel in query strings, so any stored id (slashes, spaces, markup) makes a working link. The
 store is only read. A store that cannot be read gives a 503 page with the error, and logs its
