@@ -255,7 +255,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
             # So that `recover_abandoned` can start the run again: the inputs its record refers to, once.
             await journal_inputs(journal, media, record, units, ctx.prompt, ctx.messages, lease.fence)
         except BaseException:
-            await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence))
+            await _end_failed(journal, workflow_id, lease)
             raise
         workflow = ActiveWorkflow(
             journal=journal,
@@ -283,12 +283,7 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
                 with replay_scope():
                     result = await super().wrap_run(ctx, handler=handler)
         except BaseException:
-            try:
-                await run_to_completion(
-                    journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence)
-                )
-            except LeaseLostError:  # another process resumes it: its status is that process's to set
-                logger.warning('durable workflow %r: not marked failed, this run lost its lease', workflow_id)
+            await _end_failed(journal, workflow_id, lease)
             raise
         finally:
             DELEGATING_UNIT.reset(delegating_token)
@@ -317,6 +312,15 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
                 unit_key='(the run itself)',
                 what='the run was started with another prompt or message history',
             )
+
+
+async def _end_failed(journal: JournalStore, workflow_id: str, lease: Lease) -> None:
+    """Mark the workflow `failed` (fenced), unless this run lost its lease: another process resumes it then, and
+    its status is that process's to set (the run's own error is raised either way)."""
+    try:
+        await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence))
+    except LeaseLostError:
+        logger.warning('durable workflow %r: not marked failed, this run lost its lease', workflow_id)
 
 
 def _is_mcp_toolset(ts: AbstractToolset[Any]) -> bool:
