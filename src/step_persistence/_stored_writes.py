@@ -61,7 +61,8 @@ class StoredWrites:
             return True
         last_event = max(position for position in positions if position is not None)
         followed = last_event < self.event_count - 1  # a later flush's event landed, so all of this flush did
-        return followed or writes.snapshots[-1].idempotency_key == self.latest_snapshot_key
+        last_key = writes.snapshots[-1].idempotency_key
+        return followed or (last_key is not None and last_key == self.latest_snapshot_key)
 
     def _holds_effect(self, effect: ToolEffectRecord) -> bool:
         stored = self.effects.get(effect.tool_call_id)
