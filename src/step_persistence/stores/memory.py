@@ -282,6 +282,7 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
     ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
+        require_text('owner', owner)
         stored = self._workflows.get(workflow_id)
         if stored is None or not lease_is_free(stored, now) or (running_only and stored.status != 'running'):
             return stored

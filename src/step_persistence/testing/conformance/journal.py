@@ -190,6 +190,13 @@ class JournalConformance(ConformanceBase):
         assert await journal.get_workflow(workflow_id='wf') == claimed
         assert await _claim(journal, 'a', workflow_id='missing') is None
 
+    async def test_a_claim_refuses_an_owner_that_is_not_text(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        with pytest.raises(TypeError, match='owner'):
+            await _claim(journal, 7)  # type: ignore[arg-type]
+        stored = await journal.get_workflow(workflow_id='wf')
+        assert stored is not None and (stored.owner, stored.fencing_epoch) == (None, 0), 'nothing was claimed'
+
     async def test_a_held_lease_is_refused_until_it_expires(self, journal: JournalStore) -> None:
         await journal.start_workflow(_workflow())
         await _claim(journal, 'a')
