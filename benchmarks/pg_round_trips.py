@@ -37,7 +37,7 @@ from support.servers.postgres import postgres_server
 
 
 def kind(statement: str) -> str:
-    """The first two words of a statement (`INSERT INTO`, `UPDATE runs`, `WITH anchor`)."""
+    """The first two words of a statement (`INSERT INTO`, `UPDATE runs`, `WITH locked`)."""
     return ' '.join(statement.split()[:2])
 
 

@@ -41,3 +41,28 @@ async def test_saves_that_waited_for_each_other_still_keep_only_what_retention_k
         assert [saved.seq for saved in retained] == [5, 6], 'the two newest, whatever the order the saves ran in'
     finally:
         await engine.dispose()
+
+
+async def test_a_save_waiting_for_the_run_holds_nothing_a_pruning_save_needs(postgres_database: EmptyDatabase) -> None:
+    """A save holding the run's row may delete the snapshot another save of the run builds on (retention does):
+    the waiting save must not have locked that snapshot first, or each would wait for the other (a deadlock)."""
+    engine = create_async_engine(postgres_database.url)
+    try:
+        async with SqlStepStore(engine) as store:
+            await store.register_run(RunRecord(run_id='r'))
+            for step in (1, 2, 3):
+                await store.save_snapshot(snapshot(step))
+            async with engine.connect() as holder:
+                await holder.begin()
+                await holder.execute(text("UPDATE runs SET last_snapshot_seq = last_snapshot_seq WHERE run_id = 'r'"))
+                racing = asyncio.create_task(store.save_snapshot(snapshot(4)))  # builds on seq 3, its cached head
+                await wait_until_a_connection_waits_for_a_lock(engine)
+                deleted = await holder.execute(text("DELETE FROM snapshots WHERE run_id = 'r' AND seq = 3"))
+                assert deleted.rowcount == 1
+                await holder.commit()
+            await racing
+            retained = await store.list_snapshots(run_id='r', include_interrupted=True)
+        assert [(saved.seq, saved.step_index) for saved in retained] == [(1, 1), (2, 2), (4, 4)]
+        assert retained[-1].messages == chat_history(4)
+    finally:
+        await engine.dispose()

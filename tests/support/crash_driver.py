@@ -47,7 +47,7 @@ class Zygote:
 
     def log_tail(self) -> str:
         self._log.flush()
-        return self.log_path.read_text(errors='replace')[-4000:]
+        return self.log_path.read_text(errors='replace')[-20000:]
 
     def _read(self) -> dict[str, Any]:
         deadline = time.monotonic() + MESSAGE_TIMEOUT

@@ -14,8 +14,10 @@ statement whose checks fail writes nothing and says so (`Outcome.applied` false)
 writes the flush the long way, which handles every such case (a run not stored, a repeated
 snapshot key, a head that is stale). `FLUSH_EVENTS` (tool effects and events) writes only if the
 run is stored; `FLUSH_SNAPSHOT` (the same, and one snapshot) only if the run is the registration
-of the head the save builds on (`incarnation`), the head's anchor is stored (locked `FOR KEY
-SHARE` as in `heads.anchor_exists`) and the snapshot's key, if any, is claimed by this statement.
+of the head the save builds on (`incarnation`; its row is locked first, as a transaction's
+`UPDATE runs` does, so that writers of one run take turns there before locking anything else),
+the head's anchor is stored (then locked `FOR KEY SHARE` as in `heads.anchor_exists`) and the
+snapshot's key, if any, is claimed by this statement.
 Then, as `snapshot_saves.py` does in several statements: the run's next sequence number is taken,
 the planned message rows go on the head's line if nobody appended there since (else on a new line
 branching from the kept part of the head's view, renumbered from 1), the snapshot row is inserted,
@@ -203,16 +205,27 @@ def _flush_snapshot() -> Select[Any]:
     key = _param('snapshot_key', String())
     anchor_seq = _param('anchor_seq', BigInteger())
     line, through, added = _param('line', BigInteger()), _param('through', BigInteger()), _param('added', BigInteger())
+    # The run's row is locked first, as every other save of the run does (`allocate_snapshot`, then the
+    # anchor): a save that locked the anchor before waiting for the run's row would deadlock with one
+    # holding the row and pruning that anchor.
+    locked = (
+        select(runs.c.id)
+        .where(runs.c.run_id == run, runs.c.id == incarnation)
+        .with_for_update(key_share=True)
+        .cte('locked')
+    )
     anchor = (
         select(snapshots.c.seq)
-        .where(snapshots.c.run_id == _param('anchor_run', String()), snapshots.c.seq == anchor_seq)
+        .where(
+            snapshots.c.run_id == _param('anchor_run', String()),
+            snapshots.c.seq == anchor_seq,
+            exists(select(locked.c.id)),
+        )
         .with_for_update(read=True, key_share=True)
         .cte('anchor')
     )
     registration = (
-        select(runs.c.id)
-        .where(runs.c.run_id == run, runs.c.id == incarnation, or_(anchor_seq.is_(None), exists(select(anchor.c.seq))))
-        .cte('registration')
+        select(locked.c.id).where(or_(anchor_seq.is_(None), exists(select(anchor.c.seq)))).cte('registration')
     )
     claimed = (
         postgres_insert(snapshot_keys)
@@ -361,7 +374,19 @@ def _flush_snapshot() -> Select[Any]:
         _count(pruned),
         select(allocated.c.last_snapshot_seq != seen + 1).scalar_subquery(),
     ).add_cte(
-        anchor, registration, claimed, allocated, taken, branched, placed, stored, saved, pruned, recorded, appended
+        locked,
+        anchor,
+        registration,
+        claimed,
+        allocated,
+        taken,
+        branched,
+        placed,
+        stored,
+        saved,
+        pruned,
+        recorded,
+        appended,
     )
 
 
