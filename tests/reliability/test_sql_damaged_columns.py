@@ -257,6 +257,16 @@ async def table_contents(engine: AsyncEngine) -> list[Any]:
     return found
 
 
+def untouched(contents: list[Any]) -> list[Any]:
+    """`table_contents` without the media rows' `touched_at` (what a save refreshes before it writes)."""
+    tables = TABLES.sorted_tables
+    media_table = next(index for index, table in enumerate(tables) if table.name == 'media')
+    touched = list(tables[media_table].columns.keys()).index('touched_at')
+    kept = list(contents)
+    kept[media_table] = [row[:touched] + row[touched + 1 :] for row in contents[media_table]]
+    return kept
+
+
 def lost(before: list[Any], after: list[Any]) -> int:
     """How many items of `before` are missing from `after` (items changed by the damage included)."""
     return sum(1 for item in before if item not in after)
@@ -326,12 +336,15 @@ async def check_damage(
     assert 'sentinel' in {summary.run_id for summary in summaries}
 
     saved = history(run_id, 4)
+    before_save = await table_contents(engine)
     try:
         # A store of its own (as another process would be) reads the run's message rows afresh.
         async with SqlStepStore(url, auto_migrate=False) as fresh:
             await fresh.save_snapshot(ContinuableSnapshot(run_id=run_id, step_index=4, messages=saved))
     except (ValueError, LookupError):
         tally.saves_refused += 1
+        # Only a reused blob's touched time may move: it is refreshed before the save (docs/media.md).
+        assert untouched(await table_contents(engine)) == untouched(before_save), f'{damage}: a refused save wrote'
     except IntegrityError:  # a damaged number collides with the next one the run hands out
         tally.saves_refused += 1
         assert damage.table in ('runs', 'messages', 'snapshots')

@@ -5,13 +5,14 @@ from __future__ import annotations
 import logging
 
 import pytest
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from step_persistence import ContinuableSnapshot, RunRecord, SqlStepStore, StepEvent, ToolEffectRecord
 from step_persistence._history import encode_messages
-from step_persistence.stores.sql.schema import events, messages, snapshots, tool_effects
+from step_persistence.stores.sql.schema import events, messages, runs, snapshots, tool_effects
 from step_persistence.testing.conformance import sample_history
+from step_persistence.testing.conformance.conversations import chat_history
 from support.databases import EmptyDatabase
 
 pytestmark = pytest.mark.anyio
@@ -73,3 +74,25 @@ async def test_damaged_rows_are_skipped_and_logged(
 
 def sample_body(number: int) -> bytes:
     return encode_messages(sample_history(1))[number - 1].data
+
+
+@pytest.mark.parametrize('cached_head', [True, False], ids=['cached head', 'fresh store'])
+async def test_a_save_refused_for_a_damaged_counter_writes_nothing(
+    empty_database: EmptyDatabase, cached_head: bool
+) -> None:
+    """A snapshot counter below zero would number the snapshot below zero: the save is refused whole (on
+    PostgreSQL the one-statement flush must not commit it and then report the damage)."""
+    engine = create_async_engine(empty_database.url)
+    try:
+        async with SqlStepStore(engine) as store:
+            await store.register_run(RunRecord(run_id='r'))
+            await store.save_snapshot(ContinuableSnapshot(run_id='r', step_index=1, messages=chat_history(1)))
+            await damage(empty_database.url, update(runs).where(runs.c.run_id == 'r').values(last_snapshot_seq=-5))
+            saver = store if cached_head else SqlStepStore(engine)
+            with pytest.raises(ValueError, match='snapshot counter'):
+                await saver.save_snapshot(ContinuableSnapshot(run_id='r', step_index=2, messages=chat_history(2)))
+            async with engine.connect() as connection:
+                seqs = (await connection.execute(select(snapshots.c.seq).where(snapshots.c.run_id == 'r'))).scalars()
+                assert sorted(seqs) == [1]
+    finally:
+        await engine.dispose()

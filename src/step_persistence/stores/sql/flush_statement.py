@@ -12,13 +12,13 @@ and durable when it returns. In a caller's transaction it is one statement of th
 Every write of the statement is gated on the checks the transaction would make first, so that a
 statement whose checks fail writes nothing and says so (`Outcome.applied` false); the caller then
 writes the flush the long way, which handles every such case (a run not stored, a repeated
-snapshot key, a head that is stale). `FLUSH_EVENTS` (tool effects and events) writes only if the
-run is stored; `FLUSH_SNAPSHOT` (the same, and one snapshot) only if the run is the registration
-of the head the save builds on (`incarnation`; its row is locked first, as a transaction's
-`UPDATE runs` does, so that writers of one run take turns there before locking anything else),
-the head's anchor is stored (then locked `FOR KEY SHARE` as in `heads.anchor_exists`) and the
-snapshot's key, if any, is claimed by this statement.
-Then, as `snapshot_saves.py` does in several statements: the run's next sequence number is taken,
+snapshot key, a head that is stale, a snapshot counter damaged below zero, which it refuses).
+`FLUSH_EVENTS` (tool effects and events) writes only if the run is stored; `FLUSH_SNAPSHOT` (the
+same, and one snapshot) only if the run is the registration of the head the save builds on
+(`incarnation`; its row is locked first, as a transaction's `UPDATE runs` does, so that writers of
+one run take turns there before locking anything else), the head's anchor is stored (then locked
+`FOR KEY SHARE` as in `heads.anchor_exists`) and the snapshot's key, if any, is claimed by this
+statement. Then, as `snapshot_saves.py` does in several statements: the run's next sequence number is taken,
 the planned message rows go on the head's line if nobody appended there since (else on a new line
 branching from the kept part of the head's view, renumbered from 1), the snapshot row is inserted,
 and with `max_snapshots_per_run` the snapshots retention no longer keeps are deleted (the newest
@@ -241,6 +241,7 @@ def _flush_snapshot() -> Select[Any]:
         .where(
             runs.c.run_id == run,
             runs.c.id == incarnation,
+            runs.c.last_snapshot_seq >= -1,  # else the number taken is no count: the transaction refuses the save
             exists(select(registration.c.id)),
             or_(key.is_(None), exists(select(claimed.c.run_id))),
         )

@@ -437,7 +437,7 @@ class SnapshotSaves:
                 return None  # the run used this key already
             raise LookupError(f'run {run_id!r} was deleted while being written to')
         run_pk, seq, *checked = allocated
-        if not (isinstance(seq, int) and not isinstance(seq, bool) and seq >= 0):
+        if not _is_count(seq):
             raise ValueError(f'run {run_id!r} is damaged: its row holds {seq!r} as its snapshot counter')
         allocation = _Allocation(run_pk=require_key(run_id, run_pk), seq=seq)
         if checked and known is not None:
