@@ -31,14 +31,22 @@ class JournalStore(Protocol):
         ...
 
     async def claim_workflow(
-        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+        self,
+        *,
+        workflow_id: str,
+        owner: str,
+        lease_expires_at: datetime,
+        now: datetime,
+        running_only: bool = False,
+        take_over: bool = False,
     ) -> WorkflowRecord | None:
         """Claim the stored workflow's lease for `owner` until `lease_expires_at`, atomically; the workflow after.
 
-        The claim succeeds only if nobody holds the lease (no owner, or its expiry is at or before `now`)
-        and, with `running_only`, the workflow is `running`: then `owner` and `lease_expires_at` are set
-        and `fencing_epoch` is one higher. The returned workflow's `owner` says whether it did (owners are
-        unique per claim). `None` if the workflow is not stored.
+        The claim succeeds only if nobody holds the lease (no owner, or its expiry is at or before `now`),
+        or with `take_over` whoever holds it, and, with `running_only`, the workflow is `running`: then
+        `owner` and `lease_expires_at` are set and `fencing_epoch` is one higher, so the previous holder's
+        fenced writes and renewals are refused from then on. The returned workflow's `owner` says whether
+        it did (owners are unique per claim). `None` if the workflow is not stored.
         """
         ...
 

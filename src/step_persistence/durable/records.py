@@ -126,7 +126,7 @@ def next_unit_state(stored: DurableUnit | None, new: DurableUnit) -> DurableUnit
 
 
 def lease_is_free(record: WorkflowRecord, now: datetime) -> bool:
-    """Whether a claim of `record`'s lease at `now` succeeds: nobody holds it, or its expiry is past.
+    """Whether a claim (not a take-over) of `record`'s lease at `now` succeeds: nobody holds it, or its expiry is past.
 
     The memory and file journals apply this rule, the SQL and MongoDB ones in their claim's filter.
     """

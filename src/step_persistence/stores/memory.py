@@ -279,12 +279,23 @@ class InMemoryStepStore(PrunesOldRuns, ClosesOnExit):
         return self._workflows.get(workflow_id)
 
     async def claim_workflow(
-        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+        self,
+        *,
+        workflow_id: str,
+        owner: str,
+        lease_expires_at: datetime,
+        now: datetime,
+        running_only: bool = False,
+        take_over: bool = False,
     ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
         require_text('owner', owner)
         stored = self._workflows.get(workflow_id)
-        if stored is None or not lease_is_free(stored, now) or (running_only and stored.status != 'running'):
+        if (
+            stored is None
+            or not (take_over or lease_is_free(stored, now))
+            or (running_only and stored.status != 'running')
+        ):
             return stored
         claimed = stored.model_copy(
             update={

@@ -175,7 +175,14 @@ class FileJournal:
         return stored
 
     async def claim_workflow(
-        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+        self,
+        *,
+        workflow_id: str,
+        owner: str,
+        lease_expires_at: datetime,
+        now: datetime,
+        running_only: bool = False,
+        take_over: bool = False,
     ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
         require_text('owner', owner)
@@ -185,7 +192,7 @@ class FileJournal:
             try:
                 with self._locked(path, workflow_id, exclusive=True):
                     stored = self._stored(workflow_id, None)
-                    if not lease_is_free(stored, now) or (running_only and stored.status != 'running'):
+                    if not (take_over or lease_is_free(stored, now)) or (running_only and stored.status != 'running'):
                         return stored
                     line = {
                         'op': 'claim',

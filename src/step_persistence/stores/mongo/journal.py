@@ -153,12 +153,19 @@ class MongoJournal:
         return read_or_skip(f'durable workflow {workflow_id!r}', lambda: _workflow_from_document(found))
 
     async def claim_workflow(
-        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+        self,
+        *,
+        workflow_id: str,
+        owner: str,
+        lease_expires_at: datetime,
+        now: datetime,
+        running_only: bool = False,
+        take_over: bool = False,
     ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
         require_text('owner', owner)
         workflows = self._db()[JOURNAL_WORKFLOWS]
-        condition: dict[str, Any] = {'_id': workflow_id, **_lease_is_free(now)}
+        condition: dict[str, Any] = {'_id': workflow_id, **({} if take_over else _lease_is_free(now))}
         if running_only:
             condition['status'] = 'running'
         claim = {

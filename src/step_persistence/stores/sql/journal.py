@@ -139,17 +139,27 @@ class SqlJournal:
         return read_or_skip(f'durable workflow {workflow_id!r}', partial(_workflow_from_row, found[0]._mapping))
 
     async def claim_workflow(
-        self, *, workflow_id: str, owner: str, lease_expires_at: datetime, now: datetime, running_only: bool = False
+        self,
+        *,
+        workflow_id: str,
+        owner: str,
+        lease_expires_at: datetime,
+        now: datetime,
+        running_only: bool = False,
+        take_over: bool = False,
     ) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
         require_text('owner', owner)
-        condition = _lease_is_free(now)
+        conditions = [durable_workflows.c.workflow_id == workflow_id]
+        if not take_over:
+            conditions.append(_lease_is_free(now))
         if running_only:
-            condition = condition & (durable_workflows.c.status == 'running')
-        # One UPDATE: PostgreSQL evaluates its WHERE again on the row it locked, so two claims never both match.
+            conditions.append(durable_workflows.c.status == 'running')
+        # One UPDATE: PostgreSQL evaluates its WHERE again on the row it locked, so two claims never both match
+        # (two take-overs both match, one after the other, each raising the epoch it finds).
         claim = (
             update(durable_workflows)
-            .where(durable_workflows.c.workflow_id == workflow_id, condition)
+            .where(*conditions)
             .values(
                 owner=owner,
                 lease_expires_at=lease_expires_at,

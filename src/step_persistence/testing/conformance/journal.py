@@ -219,8 +219,46 @@ class JournalConformance(ConformanceBase):
         await journal.end_workflow(workflow_id='wf', status='completed')
         refused = await _claim(journal, 'a', running_only=True)
         assert refused is not None and (refused.owner, refused.fencing_epoch) == (None, 0)
+        refused = await _claim(journal, 'a', running_only=True, take_over=True)
+        assert refused is not None and (refused.owner, refused.fencing_epoch) == (None, 0)
         claimed = await _claim(journal, 'a')
         assert claimed is not None and claimed.owner == 'a'
+
+    async def test_a_take_over_claims_a_held_lease_and_fences_its_holder(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await _claim(journal, 'a')
+        stale = Fence(owner='a', epoch=1)
+        await journal.record_unit(_unit('u1'), fence=stale)
+        taken = await _claim(journal, 'b', take_over=True)  # at T0, while 'a' holds the lease until T0 + LEASE
+        assert taken is not None
+        assert (taken.owner, taken.lease_expires_at, taken.fencing_epoch) == ('b', T0 + LEASE, 2)
+        assert (taken.attempts, taken.status, taken.inputs) == (1, 'running', _workflow().inputs)
+        assert await journal.get_workflow(workflow_id='wf') == taken
+        assert not await journal.renew_lease(workflow_id='wf', fence=stale, lease_expires_at=T0 + 2 * LEASE)
+        with pytest.raises(LeaseLostError, match="'a'"):
+            await journal.record_unit(_unit('u1', 'completed', result=RESULT, ended_at=T0), fence=stale)
+        with pytest.raises(LeaseLostError):
+            await journal.record_unit(_unit('u2'), fence=stale)
+        with pytest.raises(LeaseLostError):
+            await journal.end_workflow(workflow_id='wf', status='failed', fence=stale)
+        assert await journal.list_units(workflow_id='wf') == [_unit('u1')]
+        assert await journal.get_workflow(workflow_id='wf') == taken
+        holder = Fence(owner='b', epoch=2)
+        assert await journal.renew_lease(workflow_id='wf', fence=holder, lease_expires_at=T0 + 2 * LEASE)
+        await journal.record_unit(_unit('u1', 'completed', result=RESULT, ended_at=T0), fence=holder)
+        [completed] = await journal.list_units(workflow_id='wf')
+        assert completed.status == 'completed'
+        assert await _claim(journal, 'c', workflow_id='missing', take_over=True) is None
+
+    async def test_concurrent_take_overs_each_raise_the_epoch(self, journal: JournalStore) -> None:
+        await journal.start_workflow(_workflow())
+        await _claim(journal, 'a')
+        results = await asyncio.gather(*(_claim(journal, f'owner-{n}', take_over=True) for n in range(5)))
+        assert [None if record is None else record.owner for record in results] == [f'owner-{n}' for n in range(5)]
+        taken = sorted((record.fencing_epoch, record.owner) for record in results if record is not None)
+        assert [epoch for epoch, _ in taken] == [2, 3, 4, 5, 6]
+        stored = await journal.get_workflow(workflow_id='wf')
+        assert stored is not None and (stored.fencing_epoch, stored.owner) == taken[-1]
 
     async def test_only_the_holder_renews_its_lease(self, journal: JournalStore) -> None:
         await journal.start_workflow(_workflow())
