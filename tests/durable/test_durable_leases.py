@@ -15,6 +15,7 @@ import pytest
 
 from step_persistence import InMemoryStepStore, StepStore
 from step_persistence.durable import (
+    DurableUnit,
     Fence,
     LeaseLostError,
     WorkflowHeldError,
@@ -185,10 +186,9 @@ async def test_a_lease_expired_by_the_runs_clock_is_renewed_before_its_next_unit
     assert (during.owner, during.fencing_epoch) == (before.owner, before.fencing_epoch)
 
 
-async def test_a_resumed_parent_takes_over_its_childs_lease() -> None:
+async def test_a_resumed_parent_takes_over_its_childs_lease(store: StepStore) -> None:
     """A child workflow's lease held by a stale run (the dead process renewed it after its parent's) is taken over by
     the parent that holds its own lease and runs the delegating tool again; the new epoch fences the stale run."""
-    store = InMemoryStepStore()
     journal = journal_for(store)
     orders = Calls()
     inside, release = _hold_inside_charge(orders)
@@ -214,4 +214,74 @@ async def test_a_resumed_parent_takes_over_its_childs_lease() -> None:
     with pytest.raises(LeaseLostError):
         await journal.end_workflow(
             workflow_id=child_id, status='failed', fence=Fence(owner='stale run', epoch=stale.fencing_epoch)
+        )
+
+
+class _StaleRunRenewing(InMemoryStepStore):
+    """A memory store in which a stale run renews its lease on workflow `held[0]` (fence `held[1]`) whenever that
+    workflow is read, as its heartbeat may at any moment."""
+
+    held: tuple[str, Fence] | None = None
+
+    async def get_workflow(self, *, workflow_id: str) -> WorkflowRecord | None:
+        found = await super().get_workflow(workflow_id=workflow_id)
+        if self.held is not None and self.held[0] == workflow_id:
+            renewed_until = utc_now() + timedelta(hours=2)
+            await self.renew_lease(workflow_id=workflow_id, fence=self.held[1], lease_expires_at=renewed_until)
+        return found
+
+
+async def test_a_take_over_wins_over_a_stale_run_renewing_the_childs_lease() -> None:
+    store = _StaleRunRenewing()
+    journal = journal_for(store)
+    orders = Calls()
+    inside, release = _hold_inside_charge(orders)
+    run = asyncio.create_task(
+        build_delegating_agent(store, Calls(), orders, idempotent_b=True).run('desk work', run_id='desk-1')
+    )
+    await inside.wait()
+    run.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await run
+    child_id = child_workflow_id('desk-1', DELEGATE_CALL)
+    now = utc_now()
+    stale = await journal.claim_workflow(
+        workflow_id=child_id, owner='stale run', lease_expires_at=now + timedelta(hours=1), now=now
+    )
+    assert stale is not None and stale.owner == 'stale run'
+    store.held = (child_id, Fence(owner='stale run', epoch=stale.fencing_epoch))
+    release.set()
+    result = await build_delegating_agent(store, Calls(), Calls(), idempotent_b=True).run('desk work', run_id='desk-1')
+    assert result.output == 'desk: delegate=done: reserve=reserved A-1, charge=charged 1250'
+    child = await journal.get_workflow(workflow_id=child_id)
+    assert child is not None and (child.status, child.fencing_epoch) == ('completed', stale.fencing_epoch + 1)
+
+
+class _StaleRunStartingFirst(InMemoryStepStore):
+    """A memory store in which a stale run's first start of workflow `raced`, holding its lease, lands just before
+    the first start of it that this store is asked for."""
+
+    raced: str | None = None
+
+    async def start_workflow(self, record: WorkflowRecord) -> WorkflowRecord:
+        if record.workflow_id == self.raced:
+            self.raced = None
+            held = {'owner': 'stale run', 'lease_expires_at': utc_now() + timedelta(hours=1), 'fencing_epoch': 1}
+            await super().start_workflow(record.model_copy(update=held))
+        return await super().start_workflow(record)
+
+
+async def test_a_take_over_wins_over_a_stale_runs_first_start_of_the_child() -> None:
+    store = _StaleRunStartingFirst()
+    journal = journal_for(store)
+    child_id = child_workflow_id('desk-1', DELEGATE_CALL)
+    store.raced = child_id
+    result = await build_delegating_agent(store, Calls(), Calls(), idempotent_b=True).run('desk work', run_id='desk-1')
+    assert result.output == 'desk: delegate=done: reserve=reserved A-1, charge=charged 1250'
+    child = await journal.get_workflow(workflow_id=child_id)
+    assert child is not None and (child.status, child.fencing_epoch, child.attempts) == ('completed', 2, 2)
+    with pytest.raises(LeaseLostError):
+        await journal.record_unit(
+            DurableUnit(workflow_id=child_id, unit_key='stale#run#0', name='stale', kind='other', status='started'),
+            fence=Fence(owner='stale run', epoch=1),
         )

@@ -118,9 +118,9 @@ async def begin_workflow(
     A workflow not stored yet is stored claimed (epoch 1); a stored one is claimed (its lease free or
     expired) and started again; under `RECOVERY_LEASE` for this workflow, the run holds that lease.
     `WorkflowHeldError` (nothing written) if another process holds it. With `take_over` (a child
-    workflow, started inside a unit of a parent whose lease this process holds), a lease still held
-    is claimed all the same: only a stale run of the same parent can hold it, and the new epoch
-    fences that run's writes.
+    workflow, started inside a unit of a parent whose lease this process holds), the lease is claimed
+    whoever holds it (`claim_workflow(take_over=True)`): only a stale run of the same parent can hold
+    it, and the new epoch fences that run's writes.
     """
     workflow_id = record.workflow_id
     recovered = RECOVERY_LEASE.get()
@@ -130,9 +130,11 @@ async def begin_workflow(
     owner = new_owner()
     now = clock()
     expires_at = now + duration
-    stored_before = await journal.get_workflow(workflow_id=workflow_id) if take_over else None
-    if stored_before is not None and stored_before.lease_expires_at is not None:
-        now = max(now, stored_before.lease_expires_at)  # as late as its holder's expiry, so the claim takes it
+
+    async def claim() -> WorkflowRecord | None:
+        return await journal.claim_workflow(
+            workflow_id=workflow_id, owner=owner, lease_expires_at=expires_at, now=now, take_over=take_over
+        )
 
     def held_by_owner(stored: WorkflowRecord) -> Lease:
         if stored.owner != owner:
@@ -142,10 +144,13 @@ async def begin_workflow(
         fence = Fence(owner=owner, epoch=stored.fencing_epoch)
         return Lease(journal, workflow_id, fence, duration=duration, expires_at=expires_at, clock=clock)
 
-    claimed = await journal.claim_workflow(workflow_id=workflow_id, owner=owner, lease_expires_at=expires_at, now=now)
+    claimed = await claim()
     if claimed is None:  # its first start, stored claimed, unless another process's first start comes first
         first = record.model_copy(update={'owner': owner, 'lease_expires_at': expires_at, 'fencing_epoch': 1})
         stored = await journal.start_workflow(first)
+        if take_over and stored.owner != owner:  # the other first start is taken over (this one counted an attempt)
+            taken = await claim()
+            stored = stored if taken is None else taken
         return stored, held_by_owner(stored)
     lease = held_by_owner(claimed)
     return await journal.start_workflow(record), lease
