@@ -17,6 +17,7 @@ from pydantic_ai.capabilities.abstract import (
     ValidatedToolArgs,
     WrapModelRequestHandler,
     WrapNodeRunHandler,
+    WrapOutputProcessHandler,
     WrapRunHandler,
     WrapToolExecuteHandler,
 )
@@ -32,6 +33,7 @@ from pydantic_ai.messages import (
     ToolReturnPart,
 )
 from pydantic_ai.models import Model, ModelRequestContext, StreamedResponse
+from pydantic_ai.output import OutputContext
 from pydantic_ai.result import FinalResult
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext, ToolDefinition
@@ -141,6 +143,12 @@ class _RunState:
     keeps, stored once, and a crash in between loses nothing that was durable."""
     final_result: FinalResult[Any] | None = None
     """The final result the graph ended with (`End`), to answer its output call when the history does not."""
+    streamed_output: FinalResult[Any] | None = None
+    """The output validated whole (not partially) from the stream of the model request still open, with the
+    output call it came from; `None` once the run moves on (a node hook, the next model request)."""
+    stream_cancelled: bool = False
+    """Whether the last model request's handler handed back a response in state `interrupted`, which is how
+    pydantic-ai records a stream cancelled with `StreamedRunResult.cancel()`; `False` once the run moves on."""
     output_tool_names: set[str] = field(default_factory=set[str])
     """Names of the output tools offered during the run."""
     ran: set[str] = field(default_factory=set[str])
@@ -310,6 +318,12 @@ def _position_of(message: ModelMessage, history: Sequence[ModelMessage]) -> int 
 
 _WRITES_USED = ('register_run', 'get_run', 'append_event', 'save_snapshot', 'record_tool_effect')
 """The store methods the capability calls (a store that batches also has `write_batch`)."""
+
+_STREAM_CANCELLED = (
+    'the response stream was cancelled (StreamedRunResult.cancel()) before an output was read from it, '
+    'so the run has no result'
+)
+"""The error of a run whose stream was cancelled, ending with no output read (pydantic-ai then tears it down)."""
 
 _DISCARDED_SUMMARY = (
     'the tool returned, but its result was discarded when the run failed or was cancelled; its side effect took place'
@@ -565,10 +579,18 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             return await handler()
         except BaseException as error:
             if run.registered:
+                recorded = _described(ctx, error)
+                if run.stream_cancelled and recorded is error and isinstance(error, asyncio.CancelledError):
+                    # pydantic-ai tears down a run whose stream the caller cancelled (`StreamedRunResult.cancel()`).
+                    if run.streamed_output is not None and not run.failure_recorded and not run.active.in_flight:
+                        # The caller read the output whole: it holds it, and `StreamedRunResult.result`.
+                        run.final_result = run.streamed_output
+                        await self._complete(ctx, list(run.live_messages or ()))
+                        raise
+                    recorded = asyncio.CancelledError(_STREAM_CANCELLED)
                 # `wrap_run` runs in a task of its own: a model request or tool call of the run may
                 # not have reached its own error handling yet, so the failure closes them here, and
                 # their handlers then find nothing left to write. The terminal event goes last.
-                recorded = _described(ctx, error)
                 if not run.failure_recorded:
                     self._queue_failure(recorded)
                 self._end_model_request(recorded)
@@ -623,13 +645,17 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         return stored is not None and _as_registered(record, stored) == stored
 
     async def after_run(self, ctx: RunContext[Any], *, result: AgentRunResult[Any]) -> AgentRunResult[Any]:
-        run = self._run
         self._end_model_request(None)
-        messages = self._answer_final_output(ctx, result.all_messages())
+        await self._complete(ctx, result.all_messages())
+        return result
+
+    async def _complete(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> None:
+        """Queue the final snapshot of `messages` (the final response's calls answered) and `run_completed`; flush."""
+        run = self._run
+        messages = self._answer_final_output(ctx, messages)
         self._queue_snapshot(messages, step_index=run.step, reason='final', skip_if_unchanged=True)
         self._queue_terminal('run_completed', error=None)
         await self._flush(ctx)
-        return result
 
     def _answer_final_output(self, ctx: RunContext[Any], messages: list[ModelMessage]) -> list[ModelMessage]:
         """`messages`, with the request answering the final response's calls when the history lacks it.
@@ -768,9 +794,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     # --- graph nodes ---
 
     def _observe(self, ctx: RunContext[Any]) -> _RunState:
+        """The run's state, brought up to `ctx`: the run has moved on past the stream of its last model request."""
         run = self._run
         run.live_messages = ctx.messages
         run.step = max(run.step, ctx.run_step)
+        run.streamed_output, run.stream_cancelled = None, False
         return run
 
     async def wrap_node_run(
@@ -831,6 +859,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             self._end_model_request(_described(ctx, error))
             await self._flush(ctx)
             raise
+        # pydantic-ai's state for a stream its consumer cancelled (a stream left early stays `incomplete`).
+        run.stream_cancelled = request_context.streaming and response.state == 'interrupted'
         if run.open_request == step:
             self._end_model_request(_cut_short(response), response)
             if self.capture_frontier:
@@ -862,6 +892,30 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         sent = _position_of(pending, live)
         messages = [*live, pending] if sent is None else list(live[: sent + 1])
         self._queue_snapshot(messages, step_index=step, reason='tool_cycle')
+
+    # --- outputs ---
+
+    async def wrap_output_process(
+        self,
+        ctx: RunContext[Any],
+        *,
+        output_context: OutputContext,
+        output: Any,
+        handler: WrapOutputProcessHandler,
+    ) -> Any:
+        """Note an output validated whole while its model request still streams (`_RunState.streamed_output`).
+
+        That is `run_stream`'s final response read to its end, whose output the caller then holds, even
+        if the caller cancelled the stream first and the run ends without reaching `after_run` (`wrap_run`).
+        """
+        processed = await handler(output)
+        run = self._state
+        if run is not None and not ctx.partial_output and run.open_request is not None:
+            call = output_context.tool_call
+            run.streamed_output = FinalResult(
+                processed, None if call is None else call.tool_name, None if call is None else call.tool_call_id
+            )
+        return processed
 
     # --- tool calls ---
 

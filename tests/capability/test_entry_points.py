@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +19,15 @@ import pytest
 from anyio.from_thread import start_blocking_portal
 from pydantic import BaseModel
 from pydantic_ai import Agent, CancellationToken, ModelRetry, RunContext
-from pydantic_ai.exceptions import ApprovalRequired, CallDeferred, RunCancelled, RunTimedOut, UsageLimitExceeded
+from pydantic_ai.exceptions import (
+    ApprovalRequired,
+    CallDeferred,
+    RunCancelled,
+    RunTimedOut,
+    UnexpectedModelBehavior,
+    UsageLimitExceeded,
+    UserError,
+)
 from pydantic_ai.messages import (
     ModelMessage,
     ModelMessagesTypeAdapter,
@@ -28,8 +36,12 @@ from pydantic_ai.messages import (
     TextPart,
     ToolCallPart,
 )
+from pydantic_ai.models import Model, ModelRequestParameters, StreamedResponse
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
+from pydantic_ai.models.wrapper import WrapperModel
+from pydantic_ai.result import StreamedRunResult
 from pydantic_ai.run import AgentRun
+from pydantic_ai.settings import ModelSettings
 from pydantic_ai.tools import DeferredToolRequests, DeferredToolResults
 from pydantic_ai.toolsets import FunctionToolset
 from pydantic_ai.usage import RunUsage, UsageLimits
@@ -112,6 +124,53 @@ def model(*steps: ModelResponse, **options: Any) -> FunctionModel:
     return Script(list(steps), **options).model()
 
 
+@dataclass
+class ProviderScript(Script):
+    """A `Script` whose streams end where `cancel()` stops them, as a provider's do.
+
+    A provider's stream closes its connection on `cancel()` (`StreamedResponse.close_stream`), so
+    nothing more arrives; `FunctionModel` has no connection to close, and its stream goes on to
+    its end if read after `cancel()`.
+    """
+
+    closed: bool = False
+
+    async def stream(self, messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        async for chunk in super().stream(messages, info):
+            if self.closed:
+                return
+            yield chunk
+
+    def provider(self) -> Model:
+        return ClosesOnCancel(self.model(), self)
+
+
+class ClosesOnCancel(WrapperModel):
+    """`wrapped`, its streams' `close_stream` closing the `ProviderScript` they read from."""
+
+    def __init__(self, wrapped: Model, script: ProviderScript) -> None:
+        super().__init__(wrapped)
+        self.script = script
+
+    @asynccontextmanager
+    async def request_stream(
+        self,
+        messages: list[ModelMessage],
+        model_settings: ModelSettings | None,
+        model_request_parameters: ModelRequestParameters,
+        run_context: RunContext[Any] | None = None,
+    ) -> AsyncIterator[StreamedResponse]:
+        async with self.wrapped.request_stream(
+            messages, model_settings, model_request_parameters, run_context
+        ) as stream:
+
+            async def close_stream() -> None:
+                self.script.closed = True
+
+            stream.close_stream = close_stream  # type: ignore[method-assign]
+            yield stream
+
+
 LOOKUP = calls(('lookup', {'key': 'a'}, 'lookup-1'))
 
 
@@ -119,7 +178,7 @@ class Answer(BaseModel):
     value: str
 
 
-def persisted(store: StepStore, scripted: FunctionModel | Script, **options: Any) -> Agent[None, Any]:
+def persisted(store: StepStore, scripted: Model | Script, **options: Any) -> Agent[None, Any]:
     """An agent on `scripted` with a `lookup` tool, persisted into `store` with lineage and metadata."""
     agent_model = scripted.model() if isinstance(scripted, Script) else scripted
     capability = StepPersistence(store=store, agent_name='chat', metadata={'tenant': 'acme'})
@@ -286,22 +345,251 @@ async def run_stream_text_abandoned(store: StepStore) -> None:
     assert kept.startswith(seen) and full.startswith(kept)
 
 
+STREAM_CANCELLED = repr(
+    asyncio.CancelledError(
+        'the response stream was cancelled (StreamedRunResult.cancel()) before an output was read from it, '
+        'so the run has no result'
+    )
+)
+CUT_SHORT = "the response stream stopped before the response was complete (state 'interrupted')"
+FULL = 'the answer is forty two and then some more words'
+
+
+def assert_no_result(stream: StreamedRunResult[None, Any]) -> None:
+    """pydantic-ai's word on a stream cancelled before an output was read from it: the run has no result."""
+    with pytest.raises(UserError, match='cancelled before it produced an output'):
+        stream.result  # noqa: B018
+
+
+async def assert_cancelled_without_output(store: StepStore, history: Sequence[ModelMessage], seen: str) -> Audit:
+    """The record of a text stream cancelled with no output read: `run_failed`, the caller's history up to the
+    response, and the response as far as it streamed (`seen` at least), `interrupted`."""
+    audit = await audit_only_run(store)
+    assert audit.kinds[-3:] == ['model_request_started', 'model_request_failed', 'run_failed']
+    assert audit.events[-2].error == CUT_SHORT and audit.terminal.error == STREAM_CANCELLED
+    latest = audit.latest
+    assert latest is not None and latest.state == 'complete' and shape(latest.messages[:-1]) == shape(history[:-1])
+    [*_, response] = latest.messages
+    assert isinstance(response, ModelResponse) and response.state == 'interrupted'
+    assert (response.text or '').startswith(seen) and FULL.startswith(response.text or '')
+    return audit
+
+
+async def assert_cancelled_with_output(
+    store: StepStore, stream: StreamedRunResult[None, Any], output: Any, *, history: Sequence[ModelMessage]
+) -> Audit:
+    """The record of a stream cancelled, then read to an output: `run_completed`, its final snapshot `complete`,
+    ending with the response the output came from (`interrupted`: the stream was cut) after the caller's `history`."""
+    assert stream.result.output == output  # pydantic-ai settles the run on it
+    audit = await audit_only_run(store)
+    assert audit.kinds[-3:] == ['model_request_started', 'model_request_failed', 'run_completed']
+    assert audit.events[-2].error == CUT_SHORT and audit.terminal.error is None
+    latest = audit.latest
+    assert latest is not None and latest.state == 'complete'
+    response = next(m for m in reversed(latest.messages) if isinstance(m, ModelResponse))
+    assert response.state == 'interrupted' and shape(latest.messages[: len(history) - 1]) == shape(history[:-1])
+    # Continuing from the store starts after the answer the caller got.
+    assert dump(await continue_run(store, run_id=audit.run.run_id)) == dump(latest.messages)
+    return audit
+
+
 @scenario
 async def run_stream_cancelled(store: StepStore) -> None:
-    full = 'the answer is forty two and then some more words'
-    async with persisted(store, model(LOOKUP, text(full))).run_stream('go') as stream:
+    async with persisted(store, model(LOOKUP, text(FULL))).run_stream('go') as stream:
         seen = await anext(aiter(stream.stream_text(debounce_by=None)))
         await stream.cancel()
         history = stream.all_messages()
+    assert_no_result(stream)
+    audit = await assert_cancelled_without_output(store, history, seen)
+    assert audit.latest is not None and dump(audit.latest.messages) == dump(history)  # nothing was read after it
+
+
+@scenario
+async def run_stream_cancelled_before_reading(store: StepStore) -> None:
+    async with persisted(store, model(LOOKUP, text(FULL))).run_stream('go') as stream:
+        await stream.cancel()
+        history = stream.all_messages()
+    assert_no_result(stream)
+    # `run_stream` hands the stream over at its first text: that much is in the response.
+    audit = await assert_cancelled_without_output(store, history, '')
+    assert audit.latest is not None and dump(audit.latest.messages) == dump(history) and history[-1].parts
+
+
+@scenario
+async def run_stream_cancelled_then_text_read_to_the_end(store: StepStore) -> None:
+    async with persisted(store, model(LOOKUP, text(FULL))).run_stream('go') as stream:
+        await stream.cancel()
+        history = stream.all_messages()
+        texts = [chunk async for chunk in stream.stream_text(debounce_by=None)]
+    # `stream_text` validates no output: pydantic-ai settles no result on it. (`FunctionModel` streams on after
+    # `cancel()`, to the end; `all_messages()` keeps the response as it was at `cancel()`.)
+    assert_no_result(stream)
+    audit = await assert_cancelled_without_output(store, history, texts[-1])
+    assert audit.latest is not None and audit.latest.messages[-1].text == texts[-1] == FULL  # type: ignore[union-attr]
+
+
+@scenario
+async def run_stream_cancelled_then_output_read(store: StepStore) -> None:
+    async with persisted(store, model(LOOKUP, text(FULL))).run_stream('go') as stream:
+        seen = await anext(aiter(stream.stream_text(debounce_by=None)))
+        await stream.cancel()
+        output = await stream.get_output()
+        history = stream.all_messages()
+    # `FunctionModel` streams on after `cancel()`: the output is the whole text, though `all_messages()` keeps
+    # the response as it was at `cancel()`. The record keeps the response the output came from.
+    assert output == FULL and (history[-1].text or '') == seen  # type: ignore[union-attr]
+    audit = await assert_cancelled_with_output(store, stream, output, history=history)
+    assert audit.latest is not None and audit.latest.messages[-1].text == output  # type: ignore[union-attr]
+
+
+@scenario
+async def run_stream_cancelled_before_reading_then_output_streamed(store: StepStore) -> None:
+    async with persisted(store, model(LOOKUP, text(FULL))).run_stream('go') as stream:
+        await stream.cancel()
+        outputs = [output async for output in stream.stream_output(debounce_by=None)]
+        history = stream.all_messages()
+    audit = await assert_cancelled_with_output(store, stream, outputs[-1], history=history)
+    assert audit.latest is not None and audit.latest.messages[-1].text == outputs[-1] == FULL  # type: ignore[union-attr]
+
+
+@scenario
+async def run_stream_cancelled_on_a_provider_then_output_read(store: StepStore) -> None:
+    script = ProviderScript([LOOKUP, text(FULL)])
+    async with persisted(store, script.provider()).run_stream('go') as stream:
+        seen = await anext(aiter(stream.stream_text(debounce_by=None)))
+        await stream.cancel()
+        output = await stream.get_output()
+        history = stream.all_messages()
+    # The stream ended at `cancel()`: the output is the text that had arrived, the response the history holds.
+    assert output == seen and FULL.startswith(output) and output != FULL
+    audit = await assert_cancelled_with_output(store, stream, output, history=history)
+    assert audit.latest is not None and dump(audit.latest.messages) == dump(history)
+
+
+@scenario
+async def run_stream_cancelled_after_the_output_was_read(store: StepStore) -> None:
+    async with persisted(store, model(LOOKUP, text(FULL))).run_stream('go') as stream:
+        assert await stream.get_output() == FULL
+        await stream.cancel()  # the stream had ended: the response stays complete, the run completes
+    assert stream.response.state == 'complete' and stream.result.output == FULL
     audit = await audit_only_run(store)
-    # Recorded as a stream left early: pydantic-ai marks the response `interrupted` in the stream's history.
-    assert audit.kinds[-3:] == ['model_request_started', 'model_request_failed', 'run_failed']
-    assert "stopped before the response was complete (state 'interrupted')" in (audit.events[-2].error or '')
+    assert audit.kinds == [*TOOL_CYCLE_EVENTS, 'model_request_completed', 'run_completed']
+    assert audit.latest is not None and dump(audit.latest.messages) == dump(stream.all_messages())
+
+
+@scenario
+async def run_stream_output_tool_cancelled(store: StepStore) -> None:
+    final = calls(('final_result', {'value': 'a long answer'}, 'out-1'))
+    async with persisted(store, model(LOOKUP, final), output_type=Answer).run_stream('go') as stream:
+        await anext(aiter(stream.stream_output(debounce_by=None)))
+        await stream.cancel()
+        history = stream.all_messages()
+    assert_no_result(stream)
+    audit = await audit_only_run(store)
+    assert audit.kinds[-2:] == ['model_request_failed', 'run_failed'] and audit.terminal.error == STREAM_CANCELLED
+    latest, complete = audit.latest, audit.latest_complete
+    assert latest is not None and latest.state == 'interrupted' and shape(latest.messages) == shape(history)
+    assert complete is not None and complete.step_index == 1 and len(complete.messages) == 3
+
+
+@scenario
+async def run_stream_output_tool_cancelled_then_output_read(store: StepStore) -> None:
+    final = calls(('lookup', {'key': 'z'}, 'lookup-2'), ('final_result', {'value': 'a long answer'}, 'out-1'))
+    async with persisted(store, model(LOOKUP, final), output_type=Answer).run_stream('go') as stream:
+        await anext(aiter(stream.stream_output(debounce_by=None)))
+        await stream.cancel()
+        output = await stream.get_output()
+        history = stream.all_messages()
+    assert output == Answer(value='a long answer')
+    audit = await assert_cancelled_with_output(store, stream, output, history=history)
+    # The output call is answered, as `run` answers it; the function call beside it never ran (on_complete, which
+    # runs it, does not run on a cancelled stream), and is answered as a call a final result skipped.
+    assert audit.effects.keys() == {'lookup-1'}
     latest = audit.latest
-    assert latest is not None and latest.state == 'complete' and shape(latest.messages) == shape(history)
-    [*_, response] = latest.messages
-    assert isinstance(response, ModelResponse) and response.state == 'interrupted'
-    assert (response.text or '').startswith(seen)
+    assert latest is not None
+    answer = latest.messages[-1]
+    assert isinstance(answer, ModelRequest) and returns_in([answer]) == {
+        'lookup-2': 'Tool not executed - a final result was already processed.',
+        'out-1': 'Final result processed.',
+    }
+
+
+@scenario
+async def run_stream_output_tool_cancelled_on_a_provider_then_output_read(store: StepStore) -> None:
+    script = ProviderScript([LOOKUP, calls(('final_result', {'value': 'a long answer'}, 'out-1'))])
+    agent = persisted(store, script.provider(), output_type=Answer)
+    history: list[ModelMessage] = []
+
+    async def cancel_then_read() -> None:
+        async with agent.run_stream('go') as stream:
+            await anext(aiter(stream.stream_output(debounce_by=None)))
+            await stream.cancel()
+            history.extend(stream.all_messages())
+            await stream.get_output()  # the arguments were cut off: they do not validate
+
+    with pytest.raises(UnexpectedModelBehavior, match='Output validation failed') as raised:
+        await cancel_then_read()
+    audit = await audit_only_run(store)
+    assert audit.kinds[-2:] == ['model_request_failed', 'run_failed'] and audit.terminal.error == repr(raised.value)
+    latest = audit.latest
+    assert latest is not None and latest.state == 'interrupted' and shape(latest.messages) == shape(history)
+
+
+async def stream_second_request(run: AgentRun[None, Any], act: Callable[[Any], Awaitable[None]]) -> None:
+    """Iterate `run`, handing the stream of its second model request to `act`; return when `act` says so."""
+    requests = 0
+    async for node in run:
+        if Agent.is_model_request_node(node):
+            requests += 1
+            if requests == 2:
+                async with node.stream(run.ctx) as stream:
+                    if await act(stream):
+                        return
+
+
+@scenario
+async def iter_node_stream_cancelled(store: StepStore) -> None:
+    async def cancel_at_the_second_word(stream: Any) -> bool:
+        words = 0
+        async for _ in stream.stream_text(delta=True, debounce_by=None):
+            words += 1
+            if words == 2:
+                await stream.cancel()
+                break
+        return False
+
+    async with persisted(store, model(LOOKUP, text(FULL))).iter('go') as run:
+        await stream_second_request(run, cancel_at_the_second_word)
+    # `AgentStream.cancel()` stops the response, not the run: pydantic-ai ends it with the text so far.
+    assert run.result is not None and FULL.startswith(run.result.output) and run.result.output != FULL
+    audit = await audit_only_run(store)
+    assert audit.kinds[-3:] == ['model_request_started', 'model_request_failed', 'run_completed']
+    assert audit.latest is not None and dump(audit.latest.messages) == dump(run.result.all_messages())
+
+
+@scenario
+async def iter_node_stream_cancelled_then_left(store: StepStore) -> None:
+    outputs: list[Any] = []
+
+    async def cancel_then_read(stream: Any) -> bool:
+        await anext(aiter(stream.stream_text(debounce_by=None)))
+        await stream.cancel()
+        outputs.append(await stream.get_output())
+        return True
+
+    async def cancel_only(stream: Any) -> bool:
+        await anext(aiter(stream.stream_text(debounce_by=None)))
+        await stream.cancel()
+        return True
+
+    for conversation, act in [('read', cancel_then_read), ('unread', cancel_only)]:
+        async with persisted(store, model(LOOKUP, text(FULL))).iter('go', conversation_id=conversation) as run:
+            await stream_second_request(run, act)
+    read, unread = await audit_store(store)
+    # Left with an output read from the cancelled stream, the run ended with it; left without, it has none.
+    assert read.terminal.kind == 'run_completed' and read.latest is not None
+    assert read.latest.messages[-1].text == outputs[0]  # type: ignore[union-attr]
+    assert unread.terminal.kind == 'run_failed' and unread.terminal.error == STREAM_CANCELLED
 
 
 @scenario

@@ -15,6 +15,7 @@ import pytest
 from pydantic import BaseModel
 from pydantic_ai import Agent, RunContext, capture_run_messages
 from pydantic_ai.capabilities import AbstractCapability
+from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import (
     ModelMessage,
     ModelRequest,
@@ -271,3 +272,81 @@ async def test_wrap_run_and_the_model_request_run_in_different_tasks() -> None:
     witness = Witness()
     await Agent(streaming(text('hi')), capabilities=[witness]).run('go')
     assert witness.tasks['run'] is not None and witness.tasks['run'] is not witness.tasks['model_request']
+
+
+@dataclass
+class OutputWitness(Witness):
+    """Also records each output `wrap_output_process` settles (not partial), and whether the model request was
+    still streaming then (its handler not yet returned)."""
+
+    outputs: list[tuple[Any, str | None, bool]] = field(default_factory=list[tuple[Any, str | None, bool]])
+
+    async def wrap_output_process(self, ctx: RunContext[Any], *, output_context: Any, output: Any, handler: Any) -> Any:
+        processed = await handler(output)
+        if not ctx.partial_output:
+            call = output_context.tool_call
+            streaming = not any(entry.startswith('model request handler returned') for entry in self.order)
+            self.outputs.append((processed, None if call is None else call.tool_call_id, streaming))
+        return processed
+
+    async def wrap_model_request(self, ctx: RunContext[Any], *, request_context: Any, handler: Any) -> Any:
+        response = await handler(request_context)
+        self.order.append(f'model request handler returned {response.state}')
+        return response
+
+    async def wrap_run(self, ctx: RunContext[Any], *, handler: Any) -> Any:
+        try:
+            return await handler()
+        except BaseException as error:
+            self.order.append(f'wrap_run raised {type(error).__name__}')
+            raise
+
+
+@pytest.mark.parametrize('read_output', [False, True], ids=['output-unread', 'output-read'])
+@pytest.mark.parametrize('structured', [False, True], ids=['text', 'output-tool'])
+async def test_a_cancelled_stream_ends_the_run_as_a_cancellation_whether_or_not_its_output_was_read(
+    structured: bool, read_output: bool
+) -> None:
+    """capability.py `wrap_run`: after `StreamedRunResult.cancel()`, the run never reaches `after_run`.
+
+    The model request's handler hands the response back `interrupted`, then `wrap_run` sees a
+    `CancelledError`, whatever the caller did next. Read after `cancel()`, the output is settled
+    (`wrap_output_process`, not partial, while the request still streams) and the caller holds it
+    and `StreamedRunResult.result`; unread, the run has no result.
+    """
+    witness = OutputWitness()
+    final = calls(('final_result', {'value': 'v w'}, 'out-1')) if structured else text('one two three')
+    agent = Agent(streaming(final), output_type=Answer if structured else str, capabilities=[witness])
+    async with agent.run_stream('go') as stream:
+        await stream.cancel()
+        output = await stream.get_output() if read_output else None
+    assert witness.order == ['model request handler returned interrupted', 'wrap_run raised CancelledError']
+    assert witness.history == []  # no `after_run`
+    if read_output:
+        assert stream.result.output == output == (Answer(value='v w') if structured else 'one two three')
+        assert witness.outputs == [(output, 'out-1' if structured else None, True)]
+    else:
+        with pytest.raises(UserError, match='cancelled before it produced an output'):
+            stream.result  # noqa: B018
+        assert witness.outputs == []
+
+
+async def test_a_stream_left_early_is_handed_back_incomplete_not_interrupted() -> None:
+    """capability.py `wrap_model_request` tells a cancelled stream (`interrupted`) from one left early."""
+    witness = OutputWitness()
+    async with Agent(streaming(text('one two three four')), capabilities=[witness]).run_stream('go') as stream:
+        await anext(aiter(stream.stream_text(debounce_by=None)))
+    assert witness.order == ['model request handler returned incomplete', 'wrap_run raised CancelledError']
+
+
+async def test_cancel_leaves_the_stream_result_with_the_response_as_it_was_then() -> None:
+    """docs/capability.md: the record keeps the response the output came from, which `all_messages()` may not.
+
+    `FunctionModel` has no connection for `cancel()` to close: read after it, its stream goes on to the end.
+    """
+    async with Agent(streaming(text('one two three four'))).run_stream('go') as stream:
+        await anext(aiter(stream.stream_text(debounce_by=None)))
+        await stream.cancel()
+        assert await stream.get_output() == 'one two three four'
+    response = stream.all_messages()[-1]
+    assert isinstance(response, ModelResponse) and response.state == 'interrupted' and response.text == 'one'
