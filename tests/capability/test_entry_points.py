@@ -355,6 +355,13 @@ CUT_SHORT = "the response stream stopped before the response was complete (state
 FULL = 'the answer is forty two and then some more words'
 
 
+def last_text(messages: Sequence[ModelMessage]) -> str | None:
+    """The text of the response that ends `messages`."""
+    response = messages[-1]
+    assert isinstance(response, ModelResponse)
+    return response.text
+
+
 def assert_no_result(stream: StreamedRunResult[None, Any]) -> None:
     """pydantic-ai's word on a stream cancelled before an output was read from it: the run has no result."""
     with pytest.raises(UserError, match='cancelled before it produced an output'):
@@ -425,7 +432,7 @@ async def run_stream_cancelled_then_text_read_to_the_end(store: StepStore) -> No
     # `cancel()`, to the end; `all_messages()` keeps the response as it was at `cancel()`.)
     assert_no_result(stream)
     audit = await assert_cancelled_without_output(store, history, texts[-1])
-    assert audit.latest is not None and audit.latest.messages[-1].text == texts[-1] == FULL  # type: ignore[union-attr]
+    assert audit.latest is not None and last_text(audit.latest.messages) == texts[-1] == FULL
 
 
 @scenario
@@ -437,9 +444,9 @@ async def run_stream_cancelled_then_output_read(store: StepStore) -> None:
         history = stream.all_messages()
     # `FunctionModel` streams on after `cancel()`: the output is the whole text, though `all_messages()` keeps
     # the response as it was at `cancel()`. The record keeps the response the output came from.
-    assert output == FULL and (history[-1].text or '') == seen  # type: ignore[union-attr]
+    assert output == FULL and last_text(history) == seen
     audit = await assert_cancelled_with_output(store, stream, output, history=history)
-    assert audit.latest is not None and audit.latest.messages[-1].text == output  # type: ignore[union-attr]
+    assert audit.latest is not None and last_text(audit.latest.messages) == output
 
 
 @scenario
@@ -449,7 +456,7 @@ async def run_stream_cancelled_before_reading_then_output_streamed(store: StepSt
         outputs = [output async for output in stream.stream_output(debounce_by=None)]
         history = stream.all_messages()
     audit = await assert_cancelled_with_output(store, stream, outputs[-1], history=history)
-    assert audit.latest is not None and audit.latest.messages[-1].text == outputs[-1] == FULL  # type: ignore[union-attr]
+    assert audit.latest is not None and last_text(audit.latest.messages) == outputs[-1] == FULL
 
 
 @scenario
@@ -588,7 +595,7 @@ async def iter_node_stream_cancelled_then_left(store: StepStore) -> None:
     read, unread = await audit_store(store)
     # Left with an output read from the cancelled stream, the run ended with it; left without, it has none.
     assert read.terminal.kind == 'run_completed' and read.latest is not None
-    assert read.latest.messages[-1].text == outputs[0]  # type: ignore[union-attr]
+    assert last_text(read.latest.messages) == outputs[0]
     assert unread.terminal.kind == 'run_failed' and unread.terminal.error == STREAM_CANCELLED
 
 
