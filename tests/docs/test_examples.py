@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import runpy
 import subprocess
@@ -28,6 +29,8 @@ def examples() -> list[tuple[str, str]]:
 @pytest.mark.parametrize(('where', 'code'), examples(), ids=[where for where, _ in examples()])
 def test_example_runs(where: str, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
+    # Examples run the `step-persistence` command as a user's shell finds it: this interpreter's scripts first.
+    monkeypatch.setenv('PATH', os.pathsep.join([str(Path(sys.executable).parent), os.environ.get('PATH', '')]))
     script = tmp_path / 'example.py'
     script.write_text(code)
     runpy.run_path(str(script), run_name='__main__')
