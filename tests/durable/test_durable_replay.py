@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset, RunContext
+from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset, RunContext, Tool
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
@@ -214,6 +214,31 @@ async def test_a_replay_with_other_inputs_is_refused_naming_the_unit(store: Step
         await build_agent(store, changed, instructions='Refuse orders.').run('two items', run_id='order-7')
     assert raised.value.unit_key == 'orders__model.request#step1#0'
     assert (changed.model, dict(changed.tools)) == (0, {})
+
+
+@pytest.mark.parametrize('argument', ['note', 'timestamp'])
+async def test_a_changed_tool_argument_is_refused_whatever_its_name(store: StepStore, argument: str) -> None:
+    """Only the timestamps pydantic-ai stamps on messages and parts are left out, not a tool's own `timestamp`."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart('book', {'room': 'A'}, tool_call_id='call-book')])
+        return ModelResponse(parts=[TextPart('booked')])
+
+    def agent_booking_at(when: str) -> Agent[None, str]:
+        # The code changed between the runs: the same call's validated arguments get another default.
+        def book_noting(room: str, note: str = when) -> str:
+            return f'booked {room}'
+
+        def book_stamped(room: str, timestamp: str = when) -> str:
+            return f'booked {room}'
+
+        tool = Tool(book_noting if argument == 'note' else book_stamped, name='book')
+        return Agent(FunctionModel(model), name='booking', tools=[tool], capabilities=[StepDurability(store)])
+
+    await agent_booking_at('09:00').run('Book room A', run_id=f'book-{argument}')
+    with pytest.raises(ReplayDivergedError, match=r"the inputs of tool call 'book' \(call-book\)"):
+        await agent_booking_at('10:00').run('Book room A', run_id=f'book-{argument}')
 
 
 async def test_another_code_version_is_refused_unless_allowed(store: StepStore) -> None:

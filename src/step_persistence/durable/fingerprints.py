@@ -12,23 +12,33 @@ from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
 
 __all__ = ['MessageDigests', 'digest', 'inputs_fingerprint', 'tool_call_fingerprint']
 
-_VOLATILE_KEYS = frozenset({'timestamp'})
-"""Fields a replay sets afresh although its inputs are the same (a prompt's, a tool return's time)."""
+_STAMP = 'timestamp'
+"""The field pydantic-ai sets on every message and on a message's parts (a prompt's, a tool return's time):
+a replay sets it afresh although its inputs are the same."""
 
 _ANY: TypeAdapter[Any] = TypeAdapter(Any)
 
 
-def _stable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {key: _stable(item) for key, item in value.items() if key not in _VOLATILE_KEYS}
-    if isinstance(value, list):
-        return [_stable(item) for item in value]
-    return value
+def _without_stamp(item: Any) -> Any:
+    return {key: value for key, value in item.items() if key != _STAMP} if isinstance(item, dict) else item
+
+
+def _unstamped(messages: Sequence[ModelMessage]) -> list[Any]:
+    """`messages` as JSON without the timestamps pydantic-ai stamps on each message and part: only there, so a
+    `timestamp` in a tool's arguments, a tool's result or the application's content is compared like any key."""
+    unstamped: list[Any] = []
+    for message in ModelMessagesTypeAdapter.dump_python(list(messages), mode='json'):
+        message = _without_stamp(message)
+        parts = message.get('parts')
+        if isinstance(parts, list):
+            message['parts'] = [_without_stamp(part) for part in parts]
+        unstamped.append(message)
+    return unstamped
 
 
 def digest(value: Any) -> str:
-    """The SHA-256 (hex) of `value` as canonical JSON (sorted keys, volatile fields left out)."""
-    encoded = json.dumps(_stable(value), sort_keys=True, separators=(',', ':'), ensure_ascii=False)
+    """The SHA-256 (hex) of `value` as canonical JSON (sorted keys)."""
+    encoded = json.dumps(value, sort_keys=True, separators=(',', ':'), ensure_ascii=False)
     return hashlib.sha256(encoded.encode()).hexdigest()
 
 
@@ -46,7 +56,7 @@ class MessageDigests:
         known = self._known.get(id(message))
         if known is not None and known[0] is message:
             return known[1]
-        computed = digest(ModelMessagesTypeAdapter.dump_python([message], mode='json'))
+        computed = digest(_unstamped([message]))
         self._known[id(message)] = (message, computed)
         return computed
 
@@ -64,6 +74,4 @@ def tool_call_fingerprint(tool_name: str, arguments: Any) -> str:
 
 def inputs_fingerprint(prompt: Any, messages: Sequence[ModelMessage]) -> str:
     """A run's inputs: its prompt and its initial history (without timestamps)."""
-    return digest(
-        [_ANY.dump_python(prompt, mode='json'), ModelMessagesTypeAdapter.dump_python(list(messages), mode='json')]
-    )
+    return digest([_ANY.dump_python(prompt, mode='json'), _unstamped(messages)])
