@@ -11,14 +11,22 @@ import asyncio
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset, RunContext, Tool
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
-from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
+from pydantic_ai.messages import (
+    AgentStreamEvent,
+    ModelMessage,
+    ModelResponse,
+    PartDeltaEvent,
+    TextPart,
+    TextPartDelta,
+    ToolCallPart,
+)
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 from pydantic_ai.tools import ToolDefinition
 from pydantic_ai.toolsets import AbstractToolset, DynamicToolset
@@ -308,6 +316,52 @@ async def test_run_stream_replays_too(store: StepStore) -> None:
             assert await result.get_output() == 'in stock'
         assert calls == {'model': 2, 'lookup': 1}, 'the second run replays the streamed requests and the call'
     assert [run.run_id for run in await store.list_runs()] == ['stream-1']
+
+
+async def test_the_capabilitys_event_stream_handler_gets_the_first_runs_deltas_live(store: StepStore) -> None:
+    log: list[tuple[str, str]] = []
+
+    async def stream(messages: list[ModelMessage], info: AgentInfo) -> AsyncIterator[str | DeltaToolCalls]:
+        log.append(('model', f'request {len(messages)}'))
+        if len(messages) == 1:
+            yield {0: DeltaToolCall(name='lookup', json_args='{"q": "stock"}', tool_call_id='call-lookup')}
+            return
+        for word in ['in ', 'stock']:
+            log.append(('model', word))
+            yield word
+
+    def lookup(q: str) -> str:
+        return f'found {q}'
+
+    async def handler(ctx: RunContext[None], events: AsyncIterable[AgentStreamEvent]) -> None:
+        async for event in events:
+            if isinstance(event, PartDeltaEvent) and isinstance(event.delta, TextPartDelta):
+                log.append(('handler', event.delta.content_delta))
+            else:
+                log.append(('handler', type(event).__name__))
+
+    agent = Agent(
+        FunctionModel(stream_function=stream),
+        name='streamer',
+        tools=[lookup],
+        capabilities=[StepDurability(store, event_stream_handler=handler)],
+    )
+    assert (await agent.run('Is it in stock?', run_id='stream-live')).output == 'in stock'
+    # Each delta reached the handler before the model produced the next one.
+    assert log[log.index(('model', 'request 3')) :] == [
+        ('model', 'request 3'),
+        ('model', 'in '),
+        ('handler', 'PartStartEvent'),
+        ('handler', 'FinalResultEvent'),
+        ('model', 'stock'),
+        ('handler', 'stock'),
+        ('handler', 'PartEndEvent'),
+    ]
+    log.clear()
+    assert (await agent.run('Is it in stock?', run_id='stream-live')).output == 'in stock'
+    assert log == [('handler', 'FunctionToolCallEvent'), ('handler', 'FunctionToolResultEvent')], (
+        "a replay delivers the run's tool events again and no model event"
+    )
 
 
 @dataclass

@@ -42,6 +42,7 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         'stores work without it.'
     ) from error
 
+from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.agent.abstract import AbstractAgent
 from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.capabilities.abstract import WrapRunHandler
@@ -66,6 +67,11 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
     and tools marked `{'step_persistence': {'in_flight': 'rerun'}}` or `{'idempotent': True}` in their
     metadata); other tools follow `in_flight_tools` (`fail`: the run fails naming the call; `ask`: the run
     ends with `DeferredToolRequests` for it, carrying the ledger's idempotency key and effect summary).
+
+    `event_stream_handler` gets the model's events live, inside each model request's unit, as the request streams
+    (`run_stream` and a handler passed to `agent.run` get them only once the request completed), and the run's
+    other events (tool calls and results) as they happen. A replayed request delivers no events to it: see
+    docs/durable.md, "Streaming".
 
     `code_version` is recorded with the workflow; a replay under another one raises
     `CodeVersionMismatchError` unless `allow_code_version_change`.
@@ -98,10 +104,11 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
         in_flight_tools: InFlightPolicy = 'fail',
         name: str | None = None,
         models: Mapping[str, Model] | None = None,
+        event_stream_handler: EventStreamHandler[AgentDepsT] | None = None,
         lease_duration: timedelta = DEFAULT_LEASE,
         clock: Clock = utc_now,
     ) -> None:
-        super().__init__(models=models, name=name)
+        super().__init__(models=models, event_stream_handler=event_stream_handler, name=name)
         if not isinstance(lease_duration, timedelta) or lease_duration <= timedelta(0):
             raise ValueError(f'lease_duration must be a positive timedelta, not {lease_duration!r}')
         journal_for(store)  # a store without a journal is refused here, not at the first run
