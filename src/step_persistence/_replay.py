@@ -4,8 +4,8 @@
 leaves one record, not two, and writes only what that record lacks: the run registers with the
 workflow's first start time (so a replay's registration is the same registration), a tool call the
 journal holds as completed writes no `started` ledger record over its terminal one, and a call the
-engine hands back unrun (`InFlightCallRefused`) writes no terminal one over the evidence its
-interrupted run left.
+engine refuses to run again (`InFlightRefusal`: handed back by `ask`, or failing the run by `fail`) writes no
+terminal one over the evidence its interrupted run left.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from datetime import datetime
 
 from pydantic_ai.exceptions import CallDeferred
 
-__all__ = ['DURABLE_RUN', 'DurableRun', 'InFlightCallRefused', 'durable_run_of']
+__all__ = ['DURABLE_RUN', 'DurableRun', 'InFlightCallRefused', 'InFlightRefusal', 'durable_run_of']
 
 
 @dataclass(frozen=True)
@@ -43,10 +43,18 @@ def durable_run_of(run_id: str | None) -> DurableRun | None:
     return durable if durable is not None and durable.run_id == run_id else None
 
 
-class InFlightCallRefused(CallDeferred):
+class InFlightRefusal(Exception):
+    """Raised for a tool call that was in flight when its run stopped, which the durable engine does not run again.
+
+    Its ledger record stays as the interrupted run left it (`started`: the effect is unknown, with
+    the tool's idempotency key and effect summary): `StepPersistence` ends the call with its
+    `tool_call_failed` event only, so `list_unresolved_tool_effects` still shows it.
+    """
+
+
+class InFlightCallRefused(CallDeferred, InFlightRefusal):
     """A tool call that was in flight when its run stopped, handed back unrun by its `ask` policy.
 
-    The run ends with `DeferredToolRequests` for it, as for any `CallDeferred`. Its ledger record
-    stays as the interrupted run left it (`started`: the effect is unknown, with the tool's
-    idempotency key and effect summary), which is what the orchestrator decides on.
+    The run ends with `DeferredToolRequests` for it, as for any `CallDeferred`; its ledger record
+    (`InFlightRefusal`) is what the orchestrator decides on.
     """

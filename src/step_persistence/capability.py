@@ -45,7 +45,7 @@ from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence._lru import BoundedLru
 from step_persistence._reading import logger
-from step_persistence._replay import InFlightCallRefused, durable_run_of
+from step_persistence._replay import InFlightRefusal, durable_run_of
 from step_persistence._stored_writes import StoredWrites
 from step_persistence._stream_watch import StreamWatch
 from step_persistence._telemetry import RunSpans
@@ -950,7 +950,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         await self._flush(ctx)
         try:
             result = await handler(args)
-        except InFlightCallRefused as refused:
+        except InFlightRefusal as refused:
             self._queue_refused(call_id, step=step, refused=refused)
             await self._flush(ctx)
             raise
@@ -1000,8 +1000,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         self._queue_event(kind, step_index=step, key=run.key('tool', step, call_id, outcome), tool=record, error=error)
         return True
 
-    def _queue_refused(self, call_id: str, *, step: int, refused: InFlightCallRefused) -> None:
-        """Queue the event ending a call the durable engine handed back unrun, and no ledger record: the
+    def _queue_refused(self, call_id: str, *, step: int, refused: InFlightRefusal) -> None:
+        """Queue the event ending a call the durable engine refused to run again, and no ledger record: the
         stored one (`started`, with the interrupted run's idempotency key and effect summary) stays the evidence."""
         run = self._run
         in_flight = run.active.in_flight.pop(call_id, None)

@@ -6,7 +6,6 @@ a fix makes it pass, and strict xfail then fails the suite until its marker is r
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 import pytest
@@ -17,9 +16,8 @@ from pydantic_ai.models.function import AgentInfo, FunctionModel
 from step_persistence import StepPersistence, StepStore
 from step_persistence.durable import recover_abandoned
 from step_persistence.durable.engine import StepDurability
-from step_persistence.durable.errors import InFlightUnitError
 from support.backends import BACKENDS
-from support.durable_agents import Calls, Counted, abandon_inside_charge, build_agent, wait_until
+from support.durable_agents import Counted, abandon_inside_charge
 
 pytestmark = pytest.mark.anyio
 
@@ -28,51 +26,6 @@ pytestmark = pytest.mark.anyio
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[StepStore]:
     async with BACKENDS[request.param].open(request) as session:
         yield await session.make()
-
-
-async def _stop_inside_charge(store: StepStore, run_id: str) -> None:
-    """Run `build_agent`'s workflow until `charge` runs (its sibling `reserve` completed), then stop it there."""
-    calls = Calls()
-    entered = asyncio.Event()
-
-    async def reserve_completed() -> bool:
-        effect = await store.get_tool_effect(run_id=run_id, tool_call_id='call-reserve')
-        return effect is not None and effect.status == 'completed'
-
-    async def hang() -> None:
-        await wait_until(reserve_completed)
-        entered.set()
-        await asyncio.Event().wait()
-
-    calls.hooks['charge'] = hang
-    run = asyncio.create_task(build_agent(store, calls).run('two items', run_id=run_id))
-    await entered.wait()
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason='the fail policy settles the refused call as failed, replacing its annotated summary (ask keeps it)',
-)
-async def test_a_call_refused_by_the_fail_policy_keeps_its_ledger_evidence(store: StepStore) -> None:
-    await _stop_inside_charge(store, 'order-31')
-    resumed = Calls()
-    with pytest.raises(InFlightUnitError):
-        await build_agent(store, resumed).run('two items', run_id='order-31')
-    assert resumed.tools['charge'] == 0
-    # As for `ask`: the effect is unknown, so the record stays in flight with the interrupted run's key and
-    # summary, and `list_unresolved_tool_effects` (`step-persistence runs unresolved`) still shows it.
-    effect = await store.get_tool_effect(run_id='order-31', tool_call_id='call-charge')
-    assert effect is not None
-    assert (effect.status, effect.idempotency_key, effect.effect_summary) == (
-        'started',
-        'charge-order-31',
-        'card charged',
-    )
-    unresolved = await store.list_unresolved_tool_effects(run_id='order-31')
-    assert [each.tool_call_id for each in unresolved] == ['call-charge']
 
 
 def _approval_agent(store: StepStore, counted: Counted) -> Agent[None, str | DeferredToolRequests]:

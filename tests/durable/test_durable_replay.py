@@ -166,6 +166,17 @@ async def test_a_tool_in_flight_fails_the_resumed_run_by_default(store: StepStor
     assert 'continue_run' in str(raised.value)
     assert raised.value.unit_key is not None and 'call-charge' in raised.value.unit_key
     assert resumed.tools['charge'] == 0
+    # As for `ask`: the effect is unknown, so the ledger record stays in flight with the interrupted run's key and
+    # summary, and `list_unresolved_tool_effects` (`step-persistence runs unresolved`) still shows it.
+    effect = await store.get_tool_effect(run_id='order-3', tool_call_id='call-charge')
+    assert effect is not None
+    assert (effect.status, effect.idempotency_key, effect.effect_summary) == (
+        'started',
+        'charge-order-3',
+        'card charged',
+    )
+    unresolved = await store.list_unresolved_tool_effects(run_id='order-3')
+    assert [each.tool_call_id for each in unresolved] == ['call-charge']
 
 
 async def test_ask_ends_the_run_with_the_call_deferred_and_its_ledger_key(store: StepStore) -> None:

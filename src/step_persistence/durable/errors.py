@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from step_persistence._replay import InFlightRefusal
+
 __all__ = [
     'CodeVersionMismatchError',
     'DurableReplayError',
@@ -38,8 +40,11 @@ class ReplayDivergedError(DurableReplayError):
         )
 
 
-class InFlightUnitError(DurableReplayError):
-    """A unit was in flight when its run stopped, and its policy (`fail`) forbids running it again."""
+class InFlightUnitError(DurableReplayError, InFlightRefusal):
+    """A unit was in flight when its run stopped, and its policy (`fail`) forbids running it again.
+
+    A tool call's ledger record stays `started`, with the interrupted run's idempotency key and effect summary.
+    """
 
     def __init__(self, *, workflow_id: str, unit_key: str, call: str) -> None:
         super().__init__(
