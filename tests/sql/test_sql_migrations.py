@@ -13,7 +13,9 @@ from typing import Any
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter
+from pydantic_ai import Agent
+from pydantic_ai.messages import ModelMessage, ModelMessagesTypeAdapter, ModelResponse, TextPart
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 from sqlalchemy import BigInteger, Boolean, Column, Integer, MetaData, String, Table, func, select, text
 from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import create_async_engine
@@ -23,11 +25,13 @@ from step_persistence import (
     RunRecord,
     SqlStepStore,
     StepEvent,
+    StepPersistence,
     TokenUsage,
     ToolEffectRecord,
     from_spec,
 )
 from step_persistence._history import encode_messages
+from step_persistence.durable import StepDurability, journal_for
 from step_persistence.media import SqlMediaStore
 from step_persistence.records import ConversationSummary, RunOrigin, SnapshotRef
 from step_persistence.reporting import summarize_runs
@@ -35,7 +39,7 @@ from step_persistence.stores._media import DEFAULT_THRESHOLD_BYTES, MessageMedia
 from step_persistence.stores._positions import RunHead, plan_saves
 from step_persistence.stores.sql import TABLE_NAMES, TABLES, VERSION_TABLE, include_name
 from step_persistence.stores.sql.database import Database
-from step_persistence.stores.sql.database_store import HEAD_REVISION
+from step_persistence.stores.sql.database_store import HEAD_REVISION, SchemaNotReadyError
 from step_persistence.stores.sql.executors import Transaction
 from step_persistence.stores.sql.migrate import downgrade, upgrade
 from step_persistence.stores.sql.reporting import read_report
@@ -664,3 +668,30 @@ async def test_runs_registered_at_0006_stay_registered_and_a_bare_run_outlives_t
         assert await store.list_events(run_id='written') == [written]
         with pytest.raises(ValueError, match='written'):
             await store.register_run(RunRecord(run_id='written', agent_name='late'))
+
+
+# --- revision 0008: the durable journal ---
+
+
+async def test_a_journal_on_a_database_at_0007_not_migrated_names_the_revision_and_the_upgrade(
+    empty_database: EmptyDatabase,
+) -> None:
+    database = Database.from_url(empty_database.url)
+    try:
+        await upgrade(database, '0007')
+    finally:
+        await database.aclose()
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[TextPart('done')])
+
+    async with SqlStepStore(empty_database.url, auto_migrate=False) as store:
+        agent = Agent(FunctionModel(model), name='orders', capabilities=[StepPersistence(store), StepDurability(store)])
+        with pytest.raises(SchemaNotReadyError, match=r'revision 0007, older than 0008.*step-persistence db upgrade'):
+            await agent.run('Charge order 42', run_id='order-42')
+        with pytest.raises(SchemaNotReadyError, match='revision 0007') as raised:
+            await journal_for(store).get_workflow(workflow_id='order-42')
+        assert (raised.value.revision, raised.value.upgradable) == ('0007', True)
+        assert 'auto_migrate=False' in str(raised.value)
+        await store.migrate()
+        assert (await agent.run('Charge order 42', run_id='order-42')).output == 'done'

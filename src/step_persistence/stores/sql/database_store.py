@@ -21,8 +21,10 @@ The revision is read with one query of the version table, without importing Alem
 from __future__ import annotations
 
 from functools import partial
+from typing import NoReturn
 
 from sqlalchemy import column, inspect, select, table
+from sqlalchemy.exc import DBAPIError
 
 from step_persistence._closing import ClosesOnExit
 from step_persistence.stores.sql.database import Database
@@ -121,32 +123,65 @@ class DatabaseStore(ClosesOnExit):
             if revisions == [HEAD_REVISION]:
                 database.migrated = True
                 return True
-        where = f'the database ({database.description})'
+        problem = self._schema_problem(revisions, tables_without_revision, unmigrated='reading never migrates')
+        if problem is None:
+            return False
+        raise problem
+
+    def _schema_problem(
+        self, revisions: list[str], tables_without_revision: list[str], *, unmigrated: str
+    ) -> SchemaNotReadyError | None:
+        """Why tables not at `HEAD_REVISION` cannot be used (`None`: the database holds none of them); `unmigrated`
+        says why an older revision was not upgraded."""
+        where = f'the database ({self._db.description})'
         if tables_without_revision:
-            raise SchemaNotReadyError(
+            return SchemaNotReadyError(
                 f'{where} holds tables named {", ".join(tables_without_revision)} but records no schema revision',
                 CLASH_REMEDY,
                 revision=None,
                 upgradable=False,
             )
         if not revisions:
-            return False
+            return None
         recorded = ', '.join(revisions)
         if len(revisions) == 1 and revisions[0] in SCHEMA_REVISIONS:
-            raise SchemaNotReadyError(
+            return SchemaNotReadyError(
                 f'{where} is at schema revision {recorded}, older than {HEAD_REVISION}, the one this version '
-                'of step-persistence reads, and reading never migrates',
+                f'of step-persistence reads, and {unmigrated}',
                 UPGRADE_HINT,
                 revision=revisions[0],
                 upgradable=True,
             )
-        raise SchemaNotReadyError(
+        return SchemaNotReadyError(
             f'{where} is at schema revision {recorded}, which this version of step-persistence does not know '
             f'(it reads {HEAD_REVISION}): a newer version migrated it',
             'upgrade step-persistence to read it',
             revision=revisions[0],
             upgradable=False,
         )
+
+    async def _explain(self, error: DBAPIError) -> NoReturn:
+        """Raise why a statement failed with the database's `error`: `SchemaNotReadyError` when the database is not
+        at `HEAD_REVISION` (with `auto_migrate=False` nothing upgrades it, and a table a newer revision adds is
+        missing), else `error` itself. Reads the version table, and only after a failure."""
+        database = self._db
+        if not database.migrated:
+            try:
+                revisions, tables_without_revision = await database.run(
+                    partial(_recorded_schema, schema=database.schema), write=False
+                )
+            except DBAPIError:
+                raise error from None
+            if revisions != [HEAD_REVISION]:
+                unmigrated = (
+                    'reading never migrates'
+                    if self._auto_migrate
+                    else 'the store does not migrate (auto_migrate=False)'
+                )
+                problem = self._schema_problem(revisions, tables_without_revision, unmigrated=unmigrated)
+                if problem is not None:
+                    raise problem from error
+        raise error
 
     async def ready_database(self, *, write: bool = False) -> Database:
         """The store's database, ready to read, or with `write` ready to write.

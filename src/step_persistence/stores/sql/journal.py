@@ -12,6 +12,7 @@ from functools import partial
 from typing import Any
 
 from sqlalchemy import ColumnElement, case, delete, or_, select, update
+from sqlalchemy.exc import DBAPIError
 
 from step_persistence._arguments import require_text
 from step_persistence._reading import read_each, read_or_skip
@@ -111,7 +112,16 @@ class SqlJournal:
 
     async def _write(self, operation: Any) -> Any:
         await self._store._ready()
-        return await self._store._db.run(operation, write=True)
+        try:
+            return await self._store._db.run(operation, write=True)
+        except DBAPIError as error:
+            await self._store._explain(error)
+
+    async def _read(self, statement: Any) -> list[Any]:
+        try:
+            return await self._store._read(statement)
+        except DBAPIError as error:
+            await self._store._explain(error)
 
     def _start(self, transaction: Transaction, *, values: dict[str, Any]) -> Any:
         if transaction.execute(self._insert_workflow, values).rowcount == 0:
@@ -131,9 +141,7 @@ class SqlJournal:
 
     async def get_workflow(self, *, workflow_id: str) -> WorkflowRecord | None:
         require_text('workflow_id', workflow_id)
-        found = await self._store._read(
-            select(*_WORKFLOW_COLUMNS).where(durable_workflows.c.workflow_id == workflow_id)
-        )
+        found = await self._read(select(*_WORKFLOW_COLUMNS).where(durable_workflows.c.workflow_id == workflow_id))
         if not found:
             return None
         return read_or_skip(f'durable workflow {workflow_id!r}', partial(_workflow_from_row, found[0]._mapping))
@@ -188,7 +196,7 @@ class SqlJournal:
         return bool(await self._write(lambda transaction: transaction.execute(renew).rowcount))
 
     async def list_abandoned(self, *, now: datetime) -> list[WorkflowRecord]:
-        found = await self._store._read(
+        found = await self._read(
             select(*_WORKFLOW_COLUMNS)
             .where(durable_workflows.c.status == 'running', _lease_is_free(now))
             .order_by(durable_workflows.c.updated_at, durable_workflows.c.workflow_id)
@@ -239,7 +247,7 @@ class SqlJournal:
 
     async def list_units(self, *, workflow_id: str) -> list[DurableUnit]:
         require_text('workflow_id', workflow_id)
-        found = await self._store._read(
+        found = await self._read(
             select(*_UNIT_COLUMNS)
             .where(durable_units.c.workflow_id == workflow_id)
             .order_by(durable_units.c.started_at, durable_units.c.unit_key)
