@@ -13,10 +13,15 @@ import sys
 from collections import Counter
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
+from datetime import UTC, date, datetime
+from decimal import Decimal
+from enum import Enum
 from typing import Any
+from uuid import UUID
 
 import pytest
-from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset, RunContext, Tool
+from pydantic import BaseModel
+from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset, RunContext, Tool, ToolOutput
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
 from pydantic_ai.messages import (
     AgentStreamEvent,
@@ -26,6 +31,7 @@ from pydantic_ai.messages import (
     TextPart,
     TextPartDelta,
     ToolCallPart,
+    ToolReturnPart,
 )
 from pydantic_ai.models.function import AgentInfo, DeltaToolCall, DeltaToolCalls, FunctionModel
 from pydantic_ai.tools import ToolDefinition
@@ -373,6 +379,85 @@ async def test_the_capabilitys_event_stream_handler_gets_the_first_runs_deltas_l
     assert log == [('handler', 'FunctionToolCallEvent'), ('handler', 'FunctionToolResultEvent')], (
         "a replay delivers the run's tool events again and no model event"
     )
+
+
+async def test_an_output_function_is_workflow_code_run_again_by_every_replay(store: StepStore) -> None:
+    """As docs/durable.md, "Workflow code", says: the output tool's call replays, and the function runs again."""
+    calls: Counter[str] = Counter()
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        calls['model'] += 1
+        return ModelResponse(parts=[ToolCallPart(info.output_tools[0].name, {'order': 42}, tool_call_id='call-out')])
+
+    def place_order(order: int) -> str:
+        """Place the order."""
+        calls['place_order'] += 1
+        return f'placed {order}'
+
+    for output_type in (place_order, ToolOutput(place_order)):
+        calls.clear()
+        run_id = f'order-{type(output_type).__name__}'
+        agent = Agent(
+            FunctionModel(model), name='orders', output_type=output_type, capabilities=[StepDurability(store)]
+        )
+        assert (await agent.run('Order 42', run_id=run_id)).output == 'placed 42'
+        assert (await agent.run('Order 42', run_id=run_id)).output == 'placed 42'  # a completed workflow's replay
+        assert calls == {'model': 1, 'place_order': 2}
+
+
+class _Order(BaseModel):
+    cents: int
+
+
+@dataclass
+class _Line:
+    sku: str
+
+
+class _Status(Enum):
+    PAID = 'paid'
+
+
+async def test_a_tools_result_comes_back_as_its_json_form_on_the_first_run_and_every_replay(store: StepStore) -> None:
+    """The table of docs/durable.md, "What a tool's result comes back as"."""
+    returned = {
+        'when': datetime(2026, 12, 3, tzinfo=UTC),
+        'day': date(2026, 12, 3),
+        'id': UUID(int=1),
+        'amount': Decimal('1.5'),
+        'status': _Status.PAID,
+        'pair': (1, 2),
+        'by_number': {1: 'one'},
+        'order': _Order(cents=5),
+        'line': _Line(sku='A'),
+        'text_bytes': b'hi',
+    }
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        if len(messages) == 1:
+            return ModelResponse(parts=[ToolCallPart('fetch', {}, tool_call_id='call-fetch')])
+        return ModelResponse(parts=[TextPart('done')])
+
+    def fetch() -> dict[str, object]:
+        return returned
+
+    agent = Agent(FunctionModel(model), name='fetcher', tools=[fetch], capabilities=[StepDurability(store)])
+    for _ in range(2):
+        messages = (await agent.run('Fetch', run_id='fetch-1')).all_messages()
+        [part] = messages[2].parts
+        assert isinstance(part, ToolReturnPart)
+        assert part.content == {
+            'when': '2026-12-03T00:00:00Z',
+            'day': '2026-12-03',
+            'id': '00000000-0000-0000-0000-000000000001',
+            'amount': '1.5',
+            'status': 'paid',
+            'pair': [1, 2],
+            'by_number': {'1': 'one'},
+            'order': {'cents': 5},
+            'line': {'sku': 'A'},
+            'text_bytes': 'hi',
+        }
 
 
 @dataclass
