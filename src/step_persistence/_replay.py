@@ -1,6 +1,8 @@
 """What a durable engine tells `StepPersistence` about the run it journals (a `ContextVar`).
 
-`StepDurability` sets it around each of its runs; `StepPersistence` reads it so that a replayed run
+An agent with a `WorkflowEngine` (`StepDurability`) is recorded under its workflow id, pydantic-ai's
+`run_id` (`journals_runs_of`), so that the record and the workflow have one id. `StepDurability`
+sets `DURABLE_RUN` around each of its runs; `StepPersistence` reads it so that a replayed run
 leaves one record, not two, and writes only what that record lacks: the run registers with the
 workflow's first start time (so a replay's registration is the same registration), a tool call the
 journal holds as completed writes no `started` ledger record over its terminal one, and a call the
@@ -13,10 +15,39 @@ from __future__ import annotations
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
+from pydantic_ai.capabilities import AbstractCapability
 from pydantic_ai.exceptions import CallDeferred
 
-__all__ = ['DURABLE_RUN', 'DurableRun', 'InFlightCallRefused', 'InFlightRefusal', 'durable_run_of']
+__all__ = [
+    'DURABLE_RUN',
+    'DurableRun',
+    'InFlightCallRefused',
+    'InFlightRefusal',
+    'WorkflowEngine',
+    'durable_run_of',
+    'journals_runs_of',
+]
+
+
+class WorkflowEngine:
+    """Mixed into a durability capability whose runs are workflows keyed by their `run_id` (`StepDurability`)."""
+
+
+def journals_runs_of(agent: object) -> bool:
+    """Whether `agent`'s capabilities include a `WorkflowEngine`: its runs are then recorded under their `run_id`."""
+    root = getattr(agent, 'root_capability', None)
+    if not isinstance(root, AbstractCapability):
+        return False
+    found: list[bool] = []
+
+    def visit(capability: AbstractCapability[Any]) -> None:
+        if isinstance(capability, WorkflowEngine):
+            found.append(True)
+
+    root.apply(visit)
+    return bool(found)
 
 
 @dataclass(frozen=True)

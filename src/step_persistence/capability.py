@@ -45,7 +45,7 @@ from step_persistence._cancellation import run_to_completion
 from step_persistence._history import EncodedMessage, HistoryEncoder
 from step_persistence._lru import BoundedLru
 from step_persistence._reading import logger
-from step_persistence._replay import InFlightRefusal, durable_run_of
+from step_persistence._replay import InFlightRefusal, durable_run_of, journals_runs_of
 from step_persistence._stored_writes import StoredWrites
 from step_persistence._stream_watch import StreamWatch
 from step_persistence._telemetry import RunSpans
@@ -342,7 +342,8 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
     store: StepStore = field(default_factory=InMemoryStepStore)
     """Where the run is recorded."""
     agent_name: str | None = None
-    """Recorded on every record; when set (and `run_id` is not), run ids are derived from it."""
+    """Recorded on every record; when set (and `run_id` is not), run ids are derived from it, except a durable
+    run's (an agent with `StepDurability`), recorded under its workflow id."""
     run_id: str | None = None
     """An explicit run id for exactly one run of this instance. On the per-run copy (`for_run`),
     the id the run is recorded under, derived or not."""
@@ -402,7 +403,16 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
         return copy
 
     def _resolve_run_id(self, ctx: RunContext[Any]) -> str:
+        # A durable run (an agent with `StepDurability`) is recorded under its workflow id, pydantic-ai's run id:
+        # `get_run`, `runs show` and `continue_run` find it under the id the run was given.
+        journaled = journals_runs_of(ctx.agent)
         if self.run_id is not None:
+            if journaled and self.run_id != ctx.run_id:
+                raise ValueError(
+                    f'StepPersistence(run_id={self.run_id!r}) on an agent with StepDurability: a durable run is '
+                    f'recorded under its workflow id ({ctx.run_id!r}); give the id to agent.run(..., '
+                    f'run_id={self.run_id!r}) instead'
+                )
             claimed_by = self._explicit_run_claimed_by
             if claimed_by is not None and claimed_by != ctx.run_id:
                 raise ValueError(
@@ -413,7 +423,7 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             return self.run_id
         if ctx.run_id is None:
             raise RuntimeError('the run context has no run_id to persist the run under')
-        if self.agent_name is not None:
+        if self.agent_name is not None and not journaled:
             return derive_run_id(self.agent_name, ctx.run_id)
         return ctx.run_id
 

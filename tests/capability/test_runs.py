@@ -188,6 +188,7 @@ class _Ctx:
 
     def __init__(self, run_id: str) -> None:
         self.run_id = run_id
+        self.agent = None
 
 
 async def test_delegate_runs_carry_the_orchestrators_run_id(make_store: StoreMaker) -> None:

@@ -9,7 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from step_persistence._cancellation import run_to_completion
-from step_persistence._replay import DURABLE_RUN, DurableRun
+from step_persistence._replay import DURABLE_RUN, DurableRun, WorkflowEngine
 from step_persistence.capability import StepPersistence
 from step_persistence.durable.children import DELEGATING_UNIT
 from step_persistence.durable.errors import CodeVersionMismatchError, LeaseLostError, ReplayDivergedError
@@ -58,7 +58,7 @@ __all__ = ['StepDurability']
 logger = logging.getLogger('step_persistence.durable')
 
 
-class StepDurability(BaseDurabilityCapability[AgentDepsT]):
+class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
     """Makes every run of an agent a durable workflow journaled in `store` (see docs/durable.md).
 
     The workflow id is the run's `run_id` (`agent.run(..., run_id='order-42')`). Running the agent again
@@ -82,8 +82,8 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT]):
     `LeaseLostError`. `clock` gives the time leases are compared with (for tests).
 
     Toolsets need an `id`, and the agent a `name` (they name the units). Put `StepPersistence` on the
-    same agent with the same store to record the run as well: its writes are passed through, and a
-    replayed run leaves one record.
+    same agent with the same store to record the run as well, under the workflow id (whatever its
+    `agent_name`): its writes are passed through, and a replayed run leaves one record.
     """
 
     engine_spec = DurabilityEngineSpec(

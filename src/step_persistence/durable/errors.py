@@ -13,10 +13,13 @@ __all__ = [
     'WorkflowHeldError',
 ]
 
-_FALLBACK = (
-    'to go on from what the run stored, start a new run from its latest snapshot instead: '
-    'step_persistence.continue_run(store, run_id=...) (docs/recovery.md)'
-)
+
+def _fallback(workflow_id: str) -> str:
+    """Where to go on from: `StepPersistence` records a durable run under its workflow id."""
+    return (
+        'to go on from what the run stored, start a new run from its latest snapshot instead: '
+        f'step_persistence.continue_run(store, run_id={workflow_id!r}) (docs/recovery.md)'
+    )
 
 
 class DurableReplayError(RuntimeError):
@@ -34,7 +37,7 @@ class ReplayDivergedError(DurableReplayError):
     def __init__(self, *, workflow_id: str, unit_key: str, what: str) -> None:
         super().__init__(
             f'durable workflow {workflow_id!r} diverged from its journal at unit {unit_key!r}: {what}; '
-            f'a replay must run the same agent with the same inputs. {_FALLBACK}',
+            f'a replay must run the same agent with the same inputs. {_fallback(workflow_id)}',
             workflow_id=workflow_id,
             unit_key=unit_key,
         )
@@ -51,7 +54,7 @@ class InFlightUnitError(DurableReplayError, InFlightRefusal):
             f'durable workflow {workflow_id!r}: {call} was in flight when the run stopped (unit {unit_key!r}), '
             'so its side effect may or may not have happened, and its in-flight policy is "fail". Check the '
             "effect, then mark the tool idempotent (metadata {'step_persistence': {'in_flight': 'rerun'}}), use "
-            f'"ask", or: {_FALLBACK}',
+            f'"ask", or: {_fallback(workflow_id)}',
             workflow_id=workflow_id,
             unit_key=unit_key,
         )
@@ -64,7 +67,7 @@ class CodeVersionMismatchError(DurableReplayError):
         super().__init__(
             f'durable workflow {workflow_id!r} was started by code version {recorded!r}, and this is '
             f'{running!r}: its journal may not match what this code does. Pass '
-            f'StepDurability(..., allow_code_version_change=True) to replay it anyway, or: {_FALLBACK}',
+            f'StepDurability(..., allow_code_version_change=True) to replay it anyway, or: {_fallback(workflow_id)}',
             workflow_id=workflow_id,
         )
 

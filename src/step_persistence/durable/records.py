@@ -56,7 +56,7 @@ class WorkflowRecord(_JournalRecord):
     workflow_id: str
     agent_name: str | None = None
     run_id: str | None = None
-    """pydantic-ai's `run_id` of the run (the workflow id for a top-level run)."""
+    """pydantic-ai's `run_id` of the run: the workflow id, which `StepPersistence` records the run under."""
     status: WorkflowStatus = 'running'
     code_version: str | None = None
     """The version of the code that started the workflow; a replay under another one is refused unless allowed."""
