@@ -24,6 +24,7 @@ from step_persistence.durable import (
     journal_for,
     recover_abandoned,
 )
+from step_persistence.durable.fingerprints import inputs_fingerprint
 from step_persistence.records import utc_now
 from support.backends import BACKENDS
 from support.durable_agents import AGENT_NAME, DELEGATE_CALL, Calls, build_agent, build_delegating_agent, wait_until
@@ -148,13 +149,19 @@ async def test_recovery_skips_what_it_cannot_resume() -> None:
     journal = journal_for(store)
     await journal.start_workflow(WorkflowRecord(workflow_id='unknown-agent', agent_name='billing'))
     await journal.start_workflow(WorkflowRecord(workflow_id='history', agent_name=AGENT_NAME, inputs={'prompt': None}))
+    inputs = {'prompt': 'two items', 'history': None, 'fingerprint': inputs_fingerprint('two items', [])}
+    await journal.start_workflow(
+        WorkflowRecord(workflow_id='old-code', agent_name=AGENT_NAME, code_version='v0', inputs=inputs)
+    )
     recoveries = await recover_abandoned(store, agents=[build_agent(store, Calls())])
     assert [(each.workflow_id, each.outcome) for each in recoveries] == [
         ('unknown-agent', 'skipped'),
         ('history', 'skipped'),
+        ('old-code', 'skipped'),
     ]
     assert "no agent named 'billing'" in (recoveries[0].detail or '')
-    for workflow_id in ('unknown-agent', 'history'):
+    assert "started by code version 'v0', and this is None" in (recoveries[2].detail or '')
+    for workflow_id in ('unknown-agent', 'history', 'old-code'):
         stored = await journal.get_workflow(workflow_id=workflow_id)
         assert stored is not None and (stored.owner, stored.fencing_epoch) == (None, 0)  # not claimed
     with pytest.raises(ValueError, match='two agents are named'):

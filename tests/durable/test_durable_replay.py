@@ -39,7 +39,7 @@ from pydantic_ai.toolsets import AbstractToolset, DynamicToolset
 from pydantic_ai.toolsets.abstract import ToolsetTool
 from pydantic_core import SchemaValidator, core_schema
 
-from step_persistence import InMemoryStepStore, StepPersistence, StepStore
+from step_persistence import InMemoryStepStore, RunRecord, StepPersistence, StepStore
 from step_persistence.durable import child_workflow_id, journal_for
 from step_persistence.durable.engine import StepDurability
 from step_persistence.durable.errors import CodeVersionMismatchError, InFlightUnitError, ReplayDivergedError
@@ -274,6 +274,37 @@ async def test_another_code_version_is_refused_unless_allowed(store: StepStore) 
     options: dict[str, Any] = {'code_version': 'v2', 'allow_code_version_change': True}
     await build_agent(store, resumed, idempotent_b=True, **options).run('two items', run_id='order-8')
     assert (resumed.model, dict(resumed.tools)) == (1, {'charge': 1})
+
+
+@dataclass
+class _RefusingRegistration(RecordingStore):
+    """Refuses every run registration, as a store refuses a run id it cannot hold (an SQL store, one too long)."""
+
+    async def register_run(self, record: RunRecord) -> None:
+        raise ValueError(f'run_id {record.run_id!r} refused: nothing was written')
+
+
+async def test_a_refused_run_leaves_a_completed_workflow_completed(store: StepStore) -> None:
+    journal = journal_for(store)
+    await build_agent(store, Calls(), record=False, code_version='v1').run('two items', run_id='order-9')
+    completed = await journal.get_workflow(workflow_id='order-9')
+    assert completed is not None and completed.status == 'completed'
+    # Refused by what the workflow recorded: before it is started again, so it is left exactly as it was.
+    with pytest.raises(ReplayDivergedError, match='another prompt'):
+        await build_agent(store, Calls(), record=False, code_version='v1').run('three items', run_id='order-9')
+    with pytest.raises(CodeVersionMismatchError):
+        await build_agent(store, Calls(), record=False, code_version='v2').run('two items', run_id='order-9')
+    assert await journal.get_workflow(workflow_id='order-9') == completed
+    # Refused as it replays (a unit's inputs), or by a capability as it starts (`StepPersistence`'s store refusing
+    # the run id): the run started (an attempt), ran no unit, and the workflow stays completed.
+    changed = build_agent(store, Calls(), record=False, code_version='v1', instructions='Refuse orders.')
+    with pytest.raises(ReplayDivergedError, match='the inputs of the model request'):
+        await changed.run('two items', run_id='order-9')
+    refusing = build_agent(store, Calls(), record_into=_RefusingRegistration(store), code_version='v1')
+    with pytest.raises(ValueError, match="run_id 'order-9' refused"):
+        await refusing.run('two items', run_id='order-9')
+    after = await journal.get_workflow(workflow_id='order-9')
+    assert after is not None and (after.status, after.attempts, after.owner) == ('completed', 3, None)
 
 
 async def test_replay_works_without_step_persistence(store: StepStore) -> None:

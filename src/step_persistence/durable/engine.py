@@ -19,7 +19,7 @@ from step_persistence.durable.journals import journal_for, journal_media
 from step_persistence.durable.leases import DEFAULT_LEASE, Clock, Lease, begin_workflow
 from step_persistence.durable.policies import METADATA_KEY, InFlightPolicy, check_policy
 from step_persistence.durable.protocol import JournalStore
-from step_persistence.durable.records import WorkflowRecord
+from step_persistence.durable.records import WorkflowRecord, WorkflowStatus
 from step_persistence.durable.workflow import ACTIVE_WORKFLOW, ActiveWorkflow
 from step_persistence.protocol import StepStore
 from step_persistence.records import StepWrites, utc_now
@@ -227,6 +227,11 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
         parent = DELEGATING_UNIT.get()
         if parent is not None:
             inputs['parent'] = parent.as_parent()
+        stored = await journal.get_workflow(workflow_id=workflow_id)
+        if stored is not None:
+            # Refused before the workflow is started again, so a refused run leaves it as it was (its status,
+            # its attempts): a workflow's code version and inputs never change once stored.
+            self._check_replayable(stored, inputs)
         record, lease = await begin_workflow(
             journal,
             WorkflowRecord(
@@ -240,7 +245,8 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
             clock=self.clock,
             take_over=parent is not None,
         )
-        return await self._run_holding(ctx, handler, journal, record, lease, inputs)
+        was_completed = stored is not None and stored.status == 'completed'
+        return await self._run_holding(ctx, handler, journal, record, lease, inputs, was_completed)
 
     async def _run_holding(
         self,
@@ -250,19 +256,20 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
         record: WorkflowRecord,
         lease: Lease,
         inputs: dict[str, Any],
+        was_completed: bool,
     ) -> AgentRunResult[Any]:
         """Run the workflow `record` holding `lease` (renewed by a heartbeat): replay and journal its units, end it
-        (fenced)."""
+        (fenced). A workflow `was_completed` stays completed if this run raises before running any unit."""
         workflow_id = record.workflow_id
         try:
-            if record.attempts > 1:
+            if record.attempts > 1:  # again, as started: another process may have started it since it was read
                 self._check_replayable(record, inputs)
             units = await journal.list_units(workflow_id=workflow_id)
             media = journal_media(self.store)
             # So that `recover_abandoned` can start the run again: the inputs its record refers to, once.
             await journal_inputs(journal, media, record, units, ctx.prompt, ctx.messages, lease.fence)
         except BaseException:
-            await _end_failed(journal, workflow_id, lease)
+            await _end_failed(journal, workflow_id, lease, keep_completed=was_completed)
             raise
         workflow = ActiveWorkflow(
             journal=journal,
@@ -290,7 +297,11 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
                 with replay_scope():
                     result = await super().wrap_run(ctx, handler=handler)
         except BaseException:
-            await _end_failed(journal, workflow_id, lease)
+            # A completed workflow's journal holds its whole run: a later run that ran no unit (refused by a unit's
+            # fingerprint, or by a capability as it started) changed nothing of it.
+            await _end_failed(
+                journal, workflow_id, lease, keep_completed=was_completed and workflow.counts.executed == 0
+            )
             raise
         finally:
             DELEGATING_UNIT.reset(delegating_token)
@@ -321,11 +332,13 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
             )
 
 
-async def _end_failed(journal: JournalStore, workflow_id: str, lease: Lease) -> None:
-    """Mark the workflow `failed` (fenced), unless this run lost its lease: another process resumes it then, and
-    its status is that process's to set (the run's own error is raised either way)."""
+async def _end_failed(journal: JournalStore, workflow_id: str, lease: Lease, *, keep_completed: bool) -> None:
+    """Mark the workflow `failed` (`completed` again with `keep_completed`), fenced, unless this run lost its lease:
+    another process resumes it then, and its status is that process's to set (the run's own error is raised
+    either way)."""
+    status: WorkflowStatus = 'completed' if keep_completed else 'failed'
     try:
-        await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='failed', fence=lease.fence))
+        await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status=status, fence=lease.fence))
     except LeaseLostError:
         logger.warning('durable workflow %r: not marked failed, this run lost its lease', workflow_id)
 

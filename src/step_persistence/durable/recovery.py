@@ -87,8 +87,9 @@ async def recover_abandoned(
     """Claim each `running` workflow of `store` whose lease expired, and resume it; what became of each.
 
     A workflow is resumed by the agent named as the one that ran it (its `StepDurability` must journal
-    in `store`'s storage), with its recorded prompt and initial message history, and `deps(workflow)`
-    as its `deps` (none without `deps`), under its workflow id: its completed units replay
+    in `store`'s storage; one of another `code_version` that does not allow the change skips it), with
+    its recorded prompt and initial message history, and `deps(workflow)` as its `deps` (none without
+    `deps`), under its workflow id: its completed units replay
     and the rest run, its in-flight unit decided by its policy. The claim is atomic (compare-and-set on
     the lease), so of several processes recovering at once exactly one resumes a workflow; the others
     report it `taken`. Workflows are recovered one after another, oldest first; one whose run raises is
@@ -121,6 +122,11 @@ async def _recover(
     found = by_name.get(agent_name) if agent_name is not None else None
     if found is None:
         return outcome('skipped', f'no agent named {agent_name!r} was given')
+    if record.code_version != found[1].code_version and not found[1].allow_code_version_change:
+        # Its run would be refused (`CodeVersionMismatchError`): left for a process running its code version.
+        return outcome(
+            'skipped', f'it was started by code version {record.code_version!r}, and this is {found[1].code_version!r}'
+        )
     try:
         prompt, history = await read_inputs(store, journal, journal_media(store), record)
     except InputsUnavailable as error:
