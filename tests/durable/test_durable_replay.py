@@ -185,6 +185,15 @@ async def test_a_tool_in_flight_fails_the_resumed_run_by_default(store: StepStor
     assert [each.tool_call_id for each in unresolved] == ['call-charge']
 
 
+async def test_a_tool_marked_not_idempotent_is_not_run_again_whatever_the_default(store: StepStore) -> None:
+    options: dict[str, Any] = {'in_flight_tools': 'rerun', 'charge_config': {'idempotent': False}}
+    await _stop_inside(store, 'charge', 'order-3n', **options)
+    resumed = Calls()
+    with pytest.raises(InFlightUnitError, match=r"tool call 'charge' \(call-charge\) was in flight"):
+        await build_agent(store, resumed, **options).run('two items', run_id='order-3n')
+    assert resumed.tools['charge'] == 0
+
+
 async def test_ask_ends_the_run_with_the_call_deferred_and_its_ledger_key(store: StepStore) -> None:
     await _stop_inside(store, 'charge', 'order-4', in_flight_tools='ask')
     resumed = Calls()

@@ -71,12 +71,14 @@ def build_agent(
     record_into: StepStore | None = None,
     instructions: str = 'Take the order.',
     idempotent_b: bool = False,
+    charge_config: dict[str, Any] | None = None,
     **durability: Any,
 ) -> Agent[None, str | DeferredToolRequests]:
     """An agent whose first request calls `reserve` and `charge` in parallel, and whose second one answers.
 
-    `reserve` is marked idempotent; `charge` is, with `idempotent_b`. With `record`, `StepPersistence`
-    records the run in the same store (or through `record_into`, a wrapper of it).
+    `reserve` is marked idempotent; `charge` is, with `idempotent_b`, or has `charge_config` as its durable
+    configuration. With `record`, `StepPersistence` records the run in the same store (or through `record_into`,
+    a wrapper of it).
     """
 
     async def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -106,7 +108,8 @@ def build_agent(
         return f'charged {cents}'
 
     metadata = {'step_persistence': {'idempotent': True}}
-    tools = [Tool(reserve, metadata=metadata), Tool(charge, metadata=metadata if idempotent_b else None)]
+    charge_metadata = {METADATA_KEY: charge_config} if charge_config is not None else metadata if idempotent_b else None
+    tools = [Tool(reserve, metadata=metadata), Tool(charge, metadata=charge_metadata)]
     capabilities: list[Any] = [StepPersistence(record_into or store)] if record else []
     capabilities.append(StepDurability(store, **durability))
     return Agent(

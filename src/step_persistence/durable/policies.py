@@ -14,7 +14,8 @@ InFlightPolicy = Literal['rerun', 'fail', 'ask']
 IN_FLIGHT_POLICIES: frozenset[str] = frozenset(get_args(InFlightPolicy))
 
 METADATA_KEY = 'step_persistence'
-"""The tool metadata key of a tool's durable configuration: `{'in_flight': ...}` or `{'idempotent': True}`."""
+"""The tool metadata key of a tool's durable configuration: `{'in_flight': ...}` or `{'idempotent': True}`
+(`False`: a tool that must not run again, whatever `in_flight_tools` says)."""
 
 
 @dataclass(frozen=True)
@@ -39,17 +40,31 @@ def check_policy(value: object, where: str) -> InFlightPolicy:
 
 
 def tool_policy(metadata: dict[str, Any] | None, *, tool_name: str, default: InFlightPolicy) -> UnitPolicy:
-    """The policy of a tool: its metadata's `in_flight` (or `idempotent: True`, meaning `rerun`), else `default`."""
+    """The policy of a tool: its metadata's `in_flight`, else `idempotent` (`True`: `rerun`; `False`: `default`, or
+    `fail` when that is `rerun`), else `default`. `ValueError` naming the tool for a configuration it cannot mean."""
     config = (metadata or {}).get(METADATA_KEY)
     if config is None:
         return UnitPolicy(in_flight=default, explicit=False)
+    where = f'tool {tool_name!r}'
     if not isinstance(config, dict):
-        raise ValueError(f'tool {tool_name!r}: metadata[{METADATA_KEY!r}] must be a dict, not {config!r}')
+        raise ValueError(f'{where}: metadata[{METADATA_KEY!r}] must be a dict, not {config!r}')
     unknown = set(config) - {'in_flight', 'idempotent'}
     if unknown:
-        raise ValueError(f'tool {tool_name!r}: unknown keys in metadata[{METADATA_KEY!r}]: {sorted(unknown)}')
+        raise ValueError(f'{where}: unknown keys in metadata[{METADATA_KEY!r}]: {sorted(unknown)}')
+    idempotent = config.get('idempotent')
+    if idempotent is not None and not isinstance(idempotent, bool):
+        raise ValueError(f"{where}: metadata[{METADATA_KEY!r}]['idempotent'] must be True or False, not {idempotent!r}")
     if 'in_flight' in config:
-        return UnitPolicy(in_flight=check_policy(config['in_flight'], f'tool {tool_name!r}'))
-    if config.get('idempotent') is True:
+        policy = check_policy(config['in_flight'], where)
+        if idempotent is not None and idempotent != (policy == 'rerun'):
+            raise ValueError(
+                f'{where}: metadata[{METADATA_KEY!r}] says idempotent={idempotent} and in_flight={policy!r}, which '
+                'contradict each other (a tool is run again after a crash only if it is idempotent): give one of them'
+            )
+        return UnitPolicy(in_flight=policy)
+    if idempotent is None:
+        return UnitPolicy(in_flight=default, explicit=False)
+    if idempotent:
         return RERUN
-    return UnitPolicy(in_flight=default, explicit=False)
+    # Not idempotent: never run again, whatever the default (and a delegating tool does not rerun either).
+    return UnitPolicy(in_flight='fail' if default == 'rerun' else default)
