@@ -624,6 +624,11 @@ class StepPersistence(AbstractCapability[AgentDepsT]):
             origin = await find_origin(
                 self.store, initial, run.encoder.encode(initial).messages, conversation_id=run.conversation_id
             )
+            if origin is not None and origin.run_id == run.run_id:
+                # The run's own snapshot has the history it starts from (a replay of a run that ended where it
+                # started): a run never continues itself, so its origin is the one it was registered with.
+                registered = await self.store.get_run(run_id=run.run_id)
+                origin = None if registered is None else registered.origin
             # A durable run registers with its workflow's first start: a replay's registration is the same one.
             durable = durable_run_of(ctx.run_id)
             record = RunRecord(

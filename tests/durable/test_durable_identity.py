@@ -1,11 +1,11 @@
-"""Whose a workflow is: the id its record is stored under, and the agent that may run it."""
+"""Whose a workflow is: the id its record is stored under and the registration it keeps across replays."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import pytest
-from pydantic_ai import Agent
+from pydantic_ai import Agent, DeferredToolRequests, Tool
 from pydantic_ai.messages import ModelMessage, ModelResponse, TextPart, ToolCallPart
 from pydantic_ai.models.function import AgentInfo, FunctionModel
 
@@ -79,3 +79,29 @@ async def test_an_explicit_record_id_other_than_the_workflow_id_is_refused_befor
     with pytest.raises(ConnectionError):
         await _charging_agent(store, charges, run_id='order-8').run('Charge order 8', run_id='order-8')
     assert [run.run_id for run in await store.list_runs()] == ['order-8']
+
+
+async def test_a_replay_of_a_run_that_ended_where_it_started_keeps_its_origin(store: StepStore) -> None:
+    """A run given a history that ends in a call needing approval ends at once, its snapshot that history: its
+    replay finds its own snapshot first, and still registers as the run it replays (continuing the first run)."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        return ModelResponse(parts=[ToolCallPart('delete', {'path': '/tmp/x'}, tool_call_id='call-delete')])
+
+    def delete(path: str) -> str:
+        return f'deleted {path}'
+
+    agent = Agent(
+        FunctionModel(model),
+        name='ops',
+        tools=[Tool(delete, requires_approval=True)],
+        output_type=[str, DeferredToolRequests],
+        capabilities=[StepPersistence(store), StepDurability(store)],
+    )
+    asking = await agent.run('remove /tmp/x', run_id='ask-1')
+    for _ in range(2):  # the run, then its replay
+        again = await agent.run(message_history=asking.all_messages(), run_id='ask-2')
+        assert isinstance(again.output, DeferredToolRequests)
+    record = await store.get_run(run_id='ask-2')
+    assert record is not None and record.origin is not None
+    assert (record.origin.kind, record.origin.run_id) == ('continued', 'ask-1')
