@@ -1,23 +1,30 @@
-"""`recover_abandoned` resumes runs that need more than a text prompt: an initial history, and `deps`."""
+"""`recover_abandoned` resumes runs that need more than a text prompt: an initial history, the deferred tool
+results a run was continued with, and `deps`."""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
 import pytest
+from pydantic_ai import Agent, DeferredToolRequests, DeferredToolResults, RunContext, Tool, ToolApproved
 from pydantic_ai.messages import (
     BinaryContent,
     ModelMessage,
     ModelRequest,
     ModelResponse,
     TextPart,
+    ToolCallPart,
+    ToolReturnPart,
     UserContent,
     UserPromptPart,
 )
+from pydantic_ai.models.function import AgentInfo, FunctionModel
 
-from step_persistence import InMemoryStepStore, StepStore
+from step_persistence import InMemoryStepStore, StepPersistence, StepStore
 from step_persistence.durable import DurableUnit, WorkflowRecord, journal_for, recover_abandoned
-from step_persistence.durable.inputs import HISTORY_UNIT, PROMPT_UNIT
+from step_persistence.durable.engine import StepDurability
+from step_persistence.durable.errors import ReplayDivergedError
+from step_persistence.durable.inputs import DEFERRED_UNIT, HISTORY_UNIT, PROMPT_UNIT
 from support.backends import BACKENDS
 from support.durable_agents import Counted, Shop, abandon_inside_charge, build_shop_agent
 
@@ -149,6 +156,93 @@ async def test_a_run_given_a_prompt_of_content_parts_is_recovered_with_it(store:
     assert isinstance(image, BinaryContent) and image.data == IMAGE.data
 
 
+def _approval_agent(store: StepStore, counted: Counted) -> Agent[None, str | DeferredToolRequests]:
+    """An agent whose first request calls `delete` (it needs approval), and whose next one answers its result."""
+
+    def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
+        counted.model += 1
+        returned = [
+            part.content
+            for message in messages
+            if isinstance(message, ModelRequest)
+            for part in message.parts
+            if isinstance(part, ToolReturnPart)
+        ]
+        if returned:
+            return ModelResponse(parts=[TextPart(f'result: {returned[-1]}')])
+        return ModelResponse(parts=[ToolCallPart('delete', {'path': '/tmp/x'}, tool_call_id='call-delete')])
+
+    async def delete(ctx: RunContext[None], path: str) -> str:
+        counted.charges += 1
+        counted.inside.set()
+        if counted.release is not None:
+            await counted.release.wait()
+        ticket = (ctx.tool_call_metadata or {}).get('ticket')
+        return f'deleted {path}' + ('' if ticket is None else f' ({ticket})')
+
+    tool = Tool(delete, requires_approval=True, metadata={'step_persistence': {'idempotent': True}})
+    return Agent(
+        FunctionModel(model),
+        name='ops',
+        tools=[tool],
+        output_type=[str, DeferredToolRequests],
+        capabilities=[StepPersistence(store), StepDurability(store)],
+    )
+
+
+async def test_a_run_continued_with_deferred_tool_results_is_recovered_with_them(store: StepStore) -> None:
+    asking = await _approval_agent(store, Counted()).run('remove /tmp/x', run_id='ask-1')
+    assert isinstance(asking.output, DeferredToolRequests)
+    first = Counted()
+    approved = DeferredToolResults(
+        approvals={'call-delete': ToolApproved(override_args={'path': '/tmp/y'})},
+        metadata={'call-delete': {'ticket': 'T-1'}},
+    )
+    run = _approval_agent(store, first).run(
+        message_history=asking.all_messages(), deferred_tool_results=approved, run_id='approved-1'
+    )
+    await abandon_inside_charge(store, run, first, 'approved-1')
+    assert first.charges == 1
+    workflow = await journal_for(store).get_workflow(workflow_id='approved-1')
+    assert workflow is not None and workflow.inputs['deferred_tool_results'] == {'unit': DEFERRED_UNIT}
+
+    again = Counted()
+    [recovery] = await recover_abandoned(store, agents=[_approval_agent(store, again)])
+    # The approval (with its arguments) and the call's metadata are part of what the run was started with: the
+    # resumed run runs the approved call (it is idempotent) and answers, rather than asking for the approval again.
+    assert (recovery.outcome, recovery.output) == ('resumed', 'result: deleted /tmp/y (T-1)')
+    assert again.charges == 1
+
+
+async def test_a_replay_given_other_deferred_tool_results_or_none_is_refused(store: StepStore) -> None:
+    asking = await _approval_agent(store, Counted()).run('remove /tmp/x', run_id='ask-2')
+    history = asking.all_messages()
+    counted = Counted()
+    approved = DeferredToolResults(approvals={'call-delete': True})
+    agent = _approval_agent(store, counted)
+    result = await agent.run(message_history=history, deferred_tool_results=approved, run_id='approved-2')
+    assert result.output == 'result: deleted /tmp/x'
+    replayed = await agent.run(message_history=history, deferred_tool_results=approved, run_id='approved-2')
+    assert (replayed.output, counted.charges, counted.model) == ('result: deleted /tmp/x', 1, 1)
+
+    refusals = [
+        (None, 'given no deferred_tool_results, and was journaled with some'),
+        (DeferredToolResults(approvals={'call-delete': False}), 'given other deferred_tool_results'),
+    ]
+    for other, what in refusals:
+        with pytest.raises(ReplayDivergedError, match=what) as refused:
+            await agent.run(message_history=history, deferred_tool_results=other, run_id='approved-2')
+        assert refused.value.unit_key == DEFERRED_UNIT
+    assert (counted.charges, counted.model) == (1, 1)
+
+    # A workflow started without results (its history ended in tool calls) refuses a replay given some.
+    asked_again = await agent.run(message_history=history, run_id='asked-again')
+    assert isinstance(asked_again.output, DeferredToolRequests)
+    with pytest.raises(ReplayDivergedError, match='given deferred_tool_results, and was journaled without'):
+        await agent.run(message_history=history, deferred_tool_results=approved, run_id='asked-again')
+    assert counted.charges == 1
+
+
 async def test_a_workflow_whose_journaled_inputs_are_damaged_is_skipped() -> None:
     """Stored data is hostile: a history unit that holds no messages skips its workflow (the next is recovered)."""
     store = InMemoryStepStore()
@@ -161,10 +255,21 @@ async def test_a_workflow_whose_journaled_inputs_are_damaged_is_skipped() -> Non
     await journal.record_unit(damaged)
     bad_reference = {**inputs, 'history': {'snapshot': {'run_id': 7, 'seq': 'x', 'kind': 'stolen'}}}
     await journal.start_workflow(WorkflowRecord(workflow_id='order-13', agent_name='orders', inputs=bad_reference))
+    deferred = {'prompt': None, 'history': None, 'deferred_tool_results': {'unit': DEFERRED_UNIT}, 'fingerprint': 'a'}
+    await journal.start_workflow(WorkflowRecord(workflow_id='order-14', agent_name='orders', inputs=deferred))
+    await journal.start_workflow(WorkflowRecord(workflow_id='order-15', agent_name='orders', inputs=deferred))
+    damaged = DurableUnit(
+        workflow_id='order-15', unit_key=DEFERRED_UNIT, name='x', kind='other', status='completed', result=['no']
+    )
+    await journal.record_unit(damaged)
     recoveries = await recover_abandoned(store, agents=[build_shop_agent(store, Counted())])
     assert [(each.workflow_id, each.outcome) for each in recoveries] == [
         ('order-12', 'skipped'),
         ('order-13', 'skipped'),
+        ('order-14', 'skipped'),
+        ('order-15', 'skipped'),
     ]
     assert 'its initial message history cannot be read back' in (recoveries[0].detail or '')
     assert 'its recorded history reference is damaged' in (recoveries[1].detail or '')
+    assert 'its deferred tool results were not journaled (its run stopped first)' in (recoveries[2].detail or '')
+    assert 'its deferred tool results cannot be read back' in (recoveries[3].detail or '')

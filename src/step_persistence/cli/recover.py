@@ -130,10 +130,9 @@ def recover(
     """Resume the durable workflows whose run stopped holding its lease (its process died), oldest first.
 
     Each is claimed (atomically: of several processes recovering at once, one resumes it) and run to its
-    end by the agent named as the one that ran it, with its recorded prompt and initial message history
-    (and the deps --deps makes for it): completed units replay,
-    the rest run. Exit 1 if a resumed run failed; a workflow no agent given can run is skipped, with a
-    warning. --dry-run reads only.
+    end by the agent named as the one that ran it, with its recorded prompt, initial message history and
+    deferred tool results (and the deps --deps makes for it): completed units replay, the rest run. Exit 1
+    if a resumed run failed; a workflow no agent given can run is skipped, with a warning. --dry-run reads only.
     """
     if not agents and not dry_run:
         fail('give the agents that run the workflows: --agents MODULE:ATTRIBUTE (or --dry-run)', EXIT_USAGE)

@@ -14,7 +14,7 @@ from step_persistence.capability import StepPersistence
 from step_persistence.durable.children import DELEGATING_UNIT
 from step_persistence.durable.errors import CodeVersionMismatchError, LeaseLostError, ReplayDivergedError
 from step_persistence.durable.fingerprints import inputs_fingerprint
-from step_persistence.durable.inputs import journal_inputs, recorded_inputs
+from step_persistence.durable.inputs import journal_deferred_results, journal_inputs, recorded_inputs
 from step_persistence.durable.journals import journal_for, journal_media
 from step_persistence.durable.leases import DEFAULT_LEASE, Clock, Lease, begin_workflow
 from step_persistence.durable.policies import METADATA_KEY, InFlightPolicy, check_policy
@@ -42,10 +42,11 @@ except ImportError as error:  # pragma: no cover - exercised in a subprocess by 
         'stores work without it.'
     ) from error
 
+from pydantic_ai import UserPromptNode
 from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.agent.abstract import AbstractAgent
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.capabilities.abstract import WrapRunHandler
+from pydantic_ai.capabilities.abstract import AgentNode, WrapRunHandler
 from pydantic_ai.models import Model
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext
@@ -214,6 +215,16 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
     def get_default_conversation_id(self, run_id: str) -> str | None:
         # Derived from the run id, so a replay's messages carry the same conversation id.
         return conversation_id_from_run_id(run_id)
+
+    async def before_node_run(
+        self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT]
+    ) -> AgentNode[AgentDepsT]:
+        # The run's `deferred_tool_results` are first known here, on its first node: journaled with its inputs.
+        if isinstance(node, UserPromptNode):
+            workflow = ACTIVE_WORKFLOW.get()
+            if workflow is not None and workflow.workflow_id == ctx.run_id:
+                await journal_deferred_results(workflow, node.deferred_tool_results)
+        return await super().before_node_run(ctx, node=node)
 
     async def wrap_run(self, ctx: RunContext[AgentDepsT], *, handler: WrapRunHandler) -> AgentRunResult[Any]:
         workflow_id = ctx.run_id

@@ -88,8 +88,8 @@ async def recover_abandoned(
 
     A workflow is resumed by the agent named as the one that ran it (its `StepDurability` must journal
     in `store`'s storage; one of another `code_version` that does not allow the change skips it), with
-    its recorded prompt and initial message history, and `deps(workflow)` as its `deps` (none without
-    `deps`), under its workflow id: its completed units replay
+    its recorded prompt, initial message history and deferred tool results, and `deps(workflow)` as its
+    `deps` (none without `deps`), under its workflow id: its completed units replay
     and the rest run, its in-flight unit decided by its policy. The claim is atomic (compare-and-set on
     the lease), so of several processes recovering at once exactly one resumes a workflow; the others
     report it `taken`. Workflows are recovered one after another, oldest first; one whose run raises is
@@ -128,10 +128,10 @@ async def _recover(
             'skipped', f'it was started by code version {record.code_version!r}, and this is {found[1].code_version!r}'
         )
     try:
-        prompt, history = await read_inputs(store, journal, journal_media(store), record)
+        inputs = await read_inputs(store, journal, journal_media(store), record)
     except InputsUnavailable as error:
         return outcome('skipped', str(error))
-    if inputs_fingerprint(prompt, history or []) != record.inputs.get('fingerprint'):
+    if inputs_fingerprint(inputs.prompt, inputs.history or []) != record.inputs.get('fingerprint'):
         # Recorded before prompts that are not text and histories were: its inputs are not known.
         return outcome('skipped', 'its run was started with inputs that were not recorded')
     deps: Any = None
@@ -161,7 +161,13 @@ async def _recover(
     )
     token = RECOVERY_LEASE.set(lease)
     try:
-        result = await agent.run(prompt, message_history=history, deps=deps, run_id=workflow_id)
+        result = await agent.run(
+            inputs.prompt,
+            message_history=inputs.history,
+            deferred_tool_results=inputs.deferred_tool_results,
+            deps=deps,
+            run_id=workflow_id,
+        )
     except Exception as error:
         logger.warning('durable workflow %r: its recovered run failed', workflow_id, exc_info=True)
         return outcome('failed', f'{type(error).__name__}: {error}')
