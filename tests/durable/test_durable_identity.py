@@ -1,4 +1,5 @@
-"""Whose a workflow is: the id its record is stored under and the registration it keeps across replays."""
+"""Whose a workflow is: the id its record is stored under, the registration it keeps across replays, and the
+agent that may run it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[StepStore]:
         yield await session.make()
 
 
-def _charging_agent(store: StepStore, charges: list[int], **persistence: str) -> Agent[None, str]:
+def _charging_agent(
+    store: StepStore, charges: list[int], *, name: str = 'orders', **persistence: str
+) -> Agent[None, str]:
     """The README's form: `StepPersistence(store, agent_name=...)` next to `StepDurability`; `charge` fails once."""
 
     def model(messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
@@ -40,7 +43,7 @@ def _charging_agent(store: StepStore, charges: list[int], **persistence: str) ->
 
     return Agent(
         FunctionModel(model),
-        name='orders',
+        name=name,
         tools=[charge],
         capabilities=[StepPersistence(store, **persistence), StepDurability(store)],
     )
@@ -105,3 +108,19 @@ async def test_a_replay_of_a_run_that_ended_where_it_started_keeps_its_origin(st
     record = await store.get_run(run_id='ask-2')
     assert record is not None and record.origin is not None
     assert (record.origin.kind, record.origin.run_id) == ('continued', 'ask-1')
+
+
+async def test_a_workflow_id_used_by_another_agent_is_refused_before_anything_runs(store: StepStore) -> None:
+    charges: list[int] = []
+    with pytest.raises(ConnectionError):
+        await _charging_agent(store, charges).run('Charge order 42', run_id='order-42')
+    assert (await _charging_agent(store, charges).run('Charge order 42', run_id='order-42')).output == 'paid'
+    journal = journal_for(store)
+    completed = await journal.get_workflow(workflow_id='order-42')
+    assert completed is not None and completed.agent_name == 'orders'
+
+    with pytest.raises(ReplayDivergedError, match="started by agent 'orders', and this is agent 'refunds'"):
+        await _charging_agent(store, charges, name='refunds').run('Charge order 42', run_id='order-42')
+    assert charges == [1250, 1250]  # nothing ran again
+    assert await journal.get_workflow(workflow_id='order-42') == completed
+    assert [run.agent_name for run in await store.list_runs()] == ['orders']

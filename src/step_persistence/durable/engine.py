@@ -331,6 +331,13 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
         return result
 
     def _check_replayable(self, record: WorkflowRecord, inputs: dict[str, Any]) -> None:
+        if record.agent_name != self.name:
+            # Its units are named by the agent that ran them, and `recover_abandoned` resumes it with that agent.
+            raise ReplayDivergedError(
+                workflow_id=record.workflow_id,
+                unit_key='(the run itself)',
+                what=f'the workflow was started by agent {record.agent_name!r}, and this is agent {self.name!r}',
+            )
         if record.code_version != self.code_version and not self.allow_code_version_change:
             raise CodeVersionMismatchError(
                 workflow_id=record.workflow_id, recorded=record.code_version, running=self.code_version
