@@ -23,6 +23,7 @@ import pytest
 from pydantic import BaseModel
 from pydantic_ai import Agent, DeferredToolRequests, FunctionToolset, RunContext, Tool, ToolOutput
 from pydantic_ai.capabilities import AbstractCapability, durable_operation
+from pydantic_ai.exceptions import UserError
 from pydantic_ai.messages import (
     AgentStreamEvent,
     ModelMessage,
@@ -42,7 +43,12 @@ from pydantic_core import SchemaValidator, core_schema
 from step_persistence import InMemoryStepStore, RunRecord, StepPersistence, StepStore
 from step_persistence.durable import child_workflow_id, journal_for
 from step_persistence.durable.engine import StepDurability
-from step_persistence.durable.errors import CodeVersionMismatchError, InFlightUnitError, ReplayDivergedError
+from step_persistence.durable.errors import (
+    AskWithoutDeferredOutputError,
+    CodeVersionMismatchError,
+    InFlightUnitError,
+    ReplayDivergedError,
+)
 from support.backends import BACKENDS
 from support.durable_agents import DELEGATE_CALL, Calls, build_agent, build_delegating_agent, wait_until
 from support.recording import RecordingStore
@@ -211,6 +217,26 @@ async def test_ask_ends_the_run_with_the_call_deferred_and_its_ledger_key(store:
     assert evidence == ('started', 'charge-order-4', 'card charged')
     kinds = [event.kind for event in await store.list_events(run_id='order-4') if event.tool_call_id == 'call-charge']
     assert kinds[-1] == 'tool_call_failed', 'the refused call still ends in the event log'
+
+
+async def test_ask_under_an_output_type_without_deferred_requests_says_so_and_stays_resumable(
+    store: StepStore,
+) -> None:
+    await _stop_inside(store, 'charge', 'order-4o', in_flight_tools='ask')
+    resumed = Calls()
+    agent = build_agent(store, resumed, in_flight_tools='ask')
+    message = r"tool call 'charge' \(call-charge\) was in flight .* \"ask\", .* does not include DeferredToolRequests"
+    with pytest.raises(AskWithoutDeferredOutputError, match=message) as raised:
+        await agent.run('two items', run_id='order-4o', output_type=str)
+    assert isinstance(raised.value, UserError) and isinstance(raised.value.__cause__, UserError)
+    assert resumed.tools['charge'] == 0
+    effect = await store.get_tool_effect(run_id='order-4o', tool_call_id='call-charge')
+    assert effect is not None and (effect.status, effect.effect_summary) == ('started', 'card charged')
+    # Nothing was lost: run with an output type that can hold the handed-back call, the workflow asks as documented.
+    result = await agent.run('two items', run_id='order-4o')
+    assert isinstance(result.output, DeferredToolRequests)
+    assert [call.tool_call_id for call in result.output.calls] == ['call-charge']
+    assert resumed.tools['charge'] == 0
 
 
 async def test_a_model_request_in_flight_runs_again(store: StepStore) -> None:

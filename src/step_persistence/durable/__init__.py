@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from step_persistence.durable.children import child_workflow_id
     from step_persistence.durable.engine import StepDurability
     from step_persistence.durable.errors import (
+        AskWithoutDeferredOutputError,
         CodeVersionMismatchError,
         DurableReplayError,
         InFlightUnitError,
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
     from step_persistence.durable.recovery import Recovery, recover_abandoned
 
 _MODULES: dict[str, str] = {
+    'AskWithoutDeferredOutputError': 'step_persistence.durable.errors',
     'CodeVersionMismatchError': 'step_persistence.durable.errors',
     'DurableReplayError': 'step_persistence.durable.errors',
     'InFlightPolicy': 'step_persistence.durable.policies',
@@ -47,6 +49,7 @@ _MODULES: dict[str, str] = {
 }
 
 __all__ = [
+    'AskWithoutDeferredOutputError',
     'CodeVersionMismatchError',
     'DurableReplayError',
     'DurableUnit',

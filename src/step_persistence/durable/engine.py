@@ -12,7 +12,12 @@ from step_persistence._cancellation import run_to_completion
 from step_persistence._replay import DURABLE_RUN, DurableRun, WorkflowEngine
 from step_persistence.capability import StepPersistence
 from step_persistence.durable.children import DELEGATING_UNIT
-from step_persistence.durable.errors import CodeVersionMismatchError, LeaseLostError, ReplayDivergedError
+from step_persistence.durable.errors import (
+    AskWithoutDeferredOutputError,
+    CodeVersionMismatchError,
+    LeaseLostError,
+    ReplayDivergedError,
+)
 from step_persistence.durable.fingerprints import inputs_fingerprint
 from step_persistence.durable.inputs import journal_deferred_results, journal_inputs, recorded_inputs
 from step_persistence.durable.journals import journal_for, journal_media
@@ -46,7 +51,8 @@ from pydantic_ai import UserPromptNode
 from pydantic_ai.agent import EventStreamHandler
 from pydantic_ai.agent.abstract import AbstractAgent
 from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.capabilities.abstract import AgentNode, WrapRunHandler
+from pydantic_ai.capabilities.abstract import AgentNode, NodeResult, WrapNodeRunHandler, WrapRunHandler
+from pydantic_ai.exceptions import UserError
 from pydantic_ai.models import Model
 from pydantic_ai.run import AgentRunResult
 from pydantic_ai.tools import AgentDepsT, RunContext
@@ -329,6 +335,21 @@ class StepDurability(BaseDurabilityCapability[AgentDepsT], WorkflowEngine):
             )
         await run_to_completion(journal.end_workflow(workflow_id=workflow_id, status='completed', fence=lease.fence))
         return result
+
+    async def wrap_node_run(
+        self, ctx: RunContext[AgentDepsT], *, node: AgentNode[AgentDepsT], handler: WrapNodeRunHandler[AgentDepsT]
+    ) -> NodeResult[AgentDepsT]:
+        try:
+            return await super().wrap_node_run(ctx, node=node, handler=handler)
+        except UserError as error:
+            # pydantic-ai's error for deferred calls the run's output type cannot hold (a capability cannot see a
+            # run's own output type before), said of the calls the `ask` policy handed back.
+            workflow = ACTIVE_WORKFLOW.get()
+            if workflow is None or workflow.workflow_id != ctx.run_id or not workflow.handed_back:
+                raise
+            if 'DeferredToolRequests' not in str(error):
+                raise
+            raise AskWithoutDeferredOutputError(workflow_id=workflow.workflow_id, calls=workflow.handed_back) from error
 
     def _check_replayable(self, record: WorkflowRecord, inputs: dict[str, Any]) -> None:
         if record.agent_name != self.name:

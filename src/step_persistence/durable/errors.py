@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from pydantic_ai.exceptions import UserError
+
 from step_persistence._replay import InFlightRefusal
 
 __all__ = [
+    'AskWithoutDeferredOutputError',
     'CodeVersionMismatchError',
     'DurableReplayError',
     'InFlightUnitError',
@@ -58,6 +63,26 @@ class InFlightUnitError(DurableReplayError, InFlightRefusal):
             workflow_id=workflow_id,
             unit_key=unit_key,
         )
+
+
+class AskWithoutDeferredOutputError(DurableReplayError, UserError):
+    """The `ask` policy handed in-flight calls back, and the run's output type cannot end with `DeferredToolRequests`.
+
+    Raised from pydantic-ai's own `UserError` (its `__cause__`). Nothing was run: the calls' units stay in flight
+    and their ledger records `started`, so a run of the workflow whose output type includes
+    `DeferredToolRequests` (or with another policy for the tools) resumes it.
+    """
+
+    def __init__(self, *, workflow_id: str, calls: Sequence[str]) -> None:
+        super().__init__(
+            f'durable workflow {workflow_id!r}: {", ".join(calls)} was in flight when the run stopped and its '
+            'in-flight policy is "ask", which ends the run with DeferredToolRequests for it, but the output type of '
+            'this run does not include DeferredToolRequests. Nothing was run: run the workflow again with '
+            'output_type=[..., DeferredToolRequests] (on the agent, or the run), or give the tool another policy '
+            f"(metadata {{'step_persistence': {{'in_flight': ...}}}}), or: {_fallback(workflow_id)}",
+            workflow_id=workflow_id,
+        )
+        self.calls = tuple(calls)
 
 
 class CodeVersionMismatchError(DurableReplayError):

@@ -49,6 +49,8 @@ class ActiveWorkflow:
     """The lease the run holds: its writes are fenced by it, and it starts no unit once the lease is lost."""
     counts: UnitCounts = field(default_factory=UnitCounts)
     digests: MessageDigests = field(default_factory=MessageDigests)
+    handed_back: list[str] = field(default_factory=list[str])
+    """The in-flight calls its `ask` policy handed back unrun (described), in the order they were."""
     _ordinals: dict[tuple[str, str], int] = field(default_factory=dict[tuple[str, str], int])
 
     @property
@@ -146,6 +148,7 @@ class ActiveWorkflow:
             if effect is not None:
                 details['idempotency_key'] = effect.idempotency_key
                 details['effect_summary'] = effect.effect_summary
+        self.handed_back.append(describe)
         raise InFlightCallRefused(metadata={METADATA_KEY: details})
 
     async def _delegated(self, tool_call_id: str) -> bool:
