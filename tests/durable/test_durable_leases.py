@@ -9,11 +9,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from step_persistence import InMemoryStepStore, StepStore
+from step_persistence import InMemoryStepStore, SqliteStepStore, StepStore
 from step_persistence.durable import (
     DurableUnit,
     Fence,
@@ -166,6 +167,29 @@ async def test_recovery_skips_what_it_cannot_resume() -> None:
         assert stored is not None and (stored.owner, stored.fencing_epoch) == (None, 0)  # not claimed
     with pytest.raises(ValueError, match='two agents are named'):
         await recover_abandoned(store, agents=[build_agent(store, Calls()), build_agent(store, Calls())])
+
+
+async def test_recovery_with_agents_journaling_in_another_store_is_refused_before_any_claim(tmp_path: Path) -> None:
+    inputs = {'prompt': 'two items', 'history': None, 'fingerprint': inputs_fingerprint('two items', [])}
+    store, elsewhere = InMemoryStepStore(), InMemoryStepStore()
+    await journal_for(store).start_workflow(WorkflowRecord(workflow_id='order-1', agent_name=AGENT_NAME, inputs=inputs))
+    calls = Calls()
+    with pytest.raises(ValueError, match='StepDurability journals in another store'):
+        await recover_abandoned(store, agents=[build_agent(elsewhere, calls)])
+    stored = await _workflow(store)
+    assert (stored.status, stored.owner, stored.fencing_epoch, calls.model) == ('running', None, 0, 0)  # not claimed
+    assert await journal_for(elsewhere).get_workflow(workflow_id='order-1') is None  # nothing started there
+    [recovery] = await recover_abandoned(store, agents=[build_agent(store, calls)])
+    assert (recovery.outcome, recovery.output) == ('resumed', 'done: reserve=reserved A-1, charge=charged 1250')
+
+    # Another store object on the same storage journals in it: its agents recover the workflows stored there.
+    path = tmp_path / 'orders.db'
+    async with SqliteStepStore(path) as recovered, SqliteStepStore(path) as agents_store:
+        await journal_for(recovered).start_workflow(
+            WorkflowRecord(workflow_id='order-2', agent_name=AGENT_NAME, inputs=inputs)
+        )
+        [recovery] = await recover_abandoned(recovered, agents=[build_agent(agents_store, Calls())])
+        assert (recovery.workflow_id, recovery.outcome) == ('order-2', 'resumed')
 
 
 async def test_a_lease_expired_by_the_runs_clock_is_renewed_before_its_next_unit() -> None:

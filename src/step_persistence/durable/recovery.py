@@ -87,20 +87,48 @@ async def recover_abandoned(
     """Claim each `running` workflow of `store` whose lease expired, and resume it; what became of each.
 
     A workflow is resumed by the agent named as the one that ran it (its `StepDurability` must journal
-    in `store`'s storage; one of another `code_version` that does not allow the change skips it), with
-    its recorded prompt, initial message history and deferred tool results, and `deps(workflow)` as its
-    `deps` (none without `deps`), under its workflow id: its completed units replay
-    and the rest run, its in-flight unit decided by its policy. The claim is atomic (compare-and-set on
-    the lease), so of several processes recovering at once exactly one resumes a workflow; the others
-    report it `taken`. Workflows are recovered one after another, oldest first; one whose run raises is
-    reported `failed` (its workflow is then `failed`, no longer abandoned) and the next is recovered.
+    in `store`'s storage, else `ValueError` before any claim; one of another `code_version` that does
+    not allow the change skips it), with its recorded prompt, initial message history and deferred tool
+    results, and `deps(workflow)` as its `deps` (none without `deps`), under its workflow id: its
+    completed units replay and the rest run, its in-flight unit decided by its policy. The claim is
+    atomic (compare-and-set on the lease), so of several processes recovering at once exactly one
+    resumes a workflow; the others report it `taken`. Workflows are recovered one after another,
+    oldest first; one whose run raises is reported `failed` (its workflow is then `failed`, no longer
+    abandoned) and the next is recovered.
     """
     by_name = _agents_by_name(agents)
     journal = journal_for(store)
+    abandoned = await journal.list_abandoned(now=clock())
+    await _check_storage(store, abandoned, by_name)
     recoveries: list[Recovery] = []
-    for record in await journal.list_abandoned(now=clock()):
+    for record in abandoned:
         recoveries.append(await _recover(store, journal, record, by_name, deps, clock))
     return recoveries
+
+
+async def _check_storage(store: StepStore, abandoned: Iterable[WorkflowRecord], by_name: _Agents) -> None:
+    """`ValueError`, before any claim, if an agent that would resume one of `abandoned` journals elsewhere.
+
+    Its run would journal in its own store: a claim in `store` it cannot hold, and a workflow of the same id
+    started there. An agent whose `StepDurability` has another store object on the same storage (the same
+    database or directory) passes: its journal holds the very workflow (the same id and first start).
+    """
+    checked: set[str] = set()
+    for record in abandoned:
+        name = record.agent_name
+        found = None if name is None or name in checked else by_name.get(name)
+        if name is None or found is None or record.inputs.get('parent') is not None:
+            continue
+        durability = found[1]
+        if durability.store is not store:
+            theirs = await journal_for(durability.store).get_workflow(workflow_id=record.workflow_id)
+            if theirs is None or theirs.created_at != record.created_at:
+                raise ValueError(
+                    f"agent {name!r}'s StepDurability journals in another store than the one "
+                    f'recovered, which does not hold its workflow {record.workflow_id!r}: give agents whose '
+                    'StepDurability is built on that store'
+                )
+        checked.add(name)
 
 
 async def _recover(
