@@ -78,10 +78,12 @@ async def test_a_heartbeat_keeps_a_slow_run_from_being_claimed(store: StepStore)
         return current.lease_expires_at > first.lease_expires_at + 2 * LEASE  # type: ignore[operator]
 
     await wait_until(renewed_past_two_leases)  # the run outlived its first lease twice over
-    assert await recover_abandoned(store, agents=[build_agent(store, Calls())]) == []
-    now = utc_now()
+    # Looked at as of a time its first lease had long expired and its renewed one had not (a clock of their
+    # own: a heartbeat this loaded machine delays after the wait must not decide the test).
+    at = first.lease_expires_at + 2 * LEASE
+    assert await recover_abandoned(store, agents=[build_agent(store, Calls())], clock=lambda: at) == []
     refused = await journal_for(store).claim_workflow(
-        workflow_id='order-1', owner='another process', lease_expires_at=now + LEASE, now=now
+        workflow_id='order-1', owner='another process', lease_expires_at=at + LEASE, now=at
     )
     assert refused is not None and (refused.owner, refused.fencing_epoch) == (first.owner, first.fencing_epoch)
     release.set()
