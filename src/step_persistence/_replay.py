@@ -17,13 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from pydantic_ai.capabilities import AbstractCapability
-from pydantic_ai.exceptions import CallDeferred
-
 __all__ = [
     'DURABLE_RUN',
     'DurableRun',
-    'InFlightCallRefused',
     'InFlightRefusal',
     'WorkflowEngine',
     'durable_run_of',
@@ -37,6 +33,8 @@ class WorkflowEngine:
 
 def journals_runs_of(agent: object) -> bool:
     """Whether `agent`'s capabilities include a `WorkflowEngine`: its runs are then recorded under their `run_id`."""
+    from pydantic_ai.capabilities import AbstractCapability  # imported by the run that asks, not by a read
+
     root = getattr(agent, 'root_capability', None)
     if not isinstance(root, AbstractCapability):
         return False
@@ -80,12 +78,4 @@ class InFlightRefusal(Exception):
     Its ledger record stays as the interrupted run left it (`started`: the effect is unknown, with
     the tool's idempotency key and effect summary): `StepPersistence` ends the call with its
     `tool_call_failed` event only, so `list_unresolved_tool_effects` still shows it.
-    """
-
-
-class InFlightCallRefused(CallDeferred, InFlightRefusal):
-    """A tool call that was in flight when its run stopped, handed back unrun by its `ask` policy.
-
-    The run ends with `DeferredToolRequests` for it, as for any `CallDeferred`; its ledger record
-    (`InFlightRefusal`) is what the orchestrator decides on.
     """

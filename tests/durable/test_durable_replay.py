@@ -228,7 +228,7 @@ async def test_ask_under_an_output_type_without_deferred_requests_says_so_and_st
     message = r"tool call 'charge' \(call-charge\) was in flight .* \"ask\", .* does not include DeferredToolRequests"
     with pytest.raises(AskWithoutDeferredOutputError, match=message) as raised:
         await agent.run('two items', run_id='order-4o', output_type=str)
-    assert isinstance(raised.value, UserError) and isinstance(raised.value.__cause__, UserError)
+    assert isinstance(raised.value.__cause__, UserError)  # pydantic-ai's own error, said of the handed-back calls
     assert resumed.tools['charge'] == 0
     effect = await store.get_tool_effect(run_id='order-4o', tool_call_id='call-charge')
     assert effect is not None and (effect.status, effect.effect_summary) == ('started', 'card charged')

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic_ai.exceptions import UserError
-
 from step_persistence._replay import InFlightRefusal
 
 __all__ = [
@@ -65,7 +63,7 @@ class InFlightUnitError(DurableReplayError, InFlightRefusal):
         )
 
 
-class AskWithoutDeferredOutputError(DurableReplayError, UserError):
+class AskWithoutDeferredOutputError(DurableReplayError):
     """The `ask` policy handed in-flight calls back, and the run's output type cannot end with `DeferredToolRequests`.
 
     Raised from pydantic-ai's own `UserError` (its `__cause__`). Nothing was run: the calls' units stay in flight

@@ -8,9 +8,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic_ai.exceptions import CallDeferred
+
 from step_persistence._active import ACTIVE_RUN
 from step_persistence._cancellation import run_to_completion
-from step_persistence._replay import InFlightCallRefused
+from step_persistence._replay import InFlightRefusal
 from step_persistence.durable.children import DELEGATING_UNIT, DelegatingUnit, child_workflow_id
 from step_persistence.durable.errors import InFlightUnitError, ReplayDivergedError
 from step_persistence.durable.fingerprints import MessageDigests
@@ -21,7 +23,15 @@ from step_persistence.durable.records import DurableUnit, Fence, UnitKind, Workf
 from step_persistence.records import utc_now
 from step_persistence.stores._media import MessageMedia
 
-__all__ = ['ACTIVE_WORKFLOW', 'ActiveWorkflow', 'UnitCounts']
+__all__ = ['ACTIVE_WORKFLOW', 'ActiveWorkflow', 'InFlightCallRefused', 'UnitCounts']
+
+
+class InFlightCallRefused(CallDeferred, InFlightRefusal):
+    """A tool call that was in flight when its run stopped, handed back unrun by its `ask` policy.
+
+    The run ends with `DeferredToolRequests` for it, as for any `CallDeferred`; its ledger record
+    (`InFlightRefusal`) is what the orchestrator decides on.
+    """
 
 
 @dataclass
