@@ -336,7 +336,6 @@ async def check_damage(
     assert 'sentinel' in {summary.run_id for summary in summaries}
 
     saved = history(run_id, 4)
-    before_save = await table_contents(engine)
     try:
         # A store of its own (as another process would be) reads the run's message rows afresh.
         async with SqlStepStore(url, auto_migrate=False) as fresh:
@@ -344,7 +343,7 @@ async def check_damage(
     except (ValueError, LookupError):
         tally.saves_refused += 1
         # Only a reused blob's touched time may move: it is refreshed before the save (docs/media.md).
-        assert untouched(await table_contents(engine)) == untouched(before_save), f'{damage}: a refused save wrote'
+        assert untouched(await table_contents(engine)) == untouched(stored), f'{damage}: a refused save wrote'
     except IntegrityError:  # a damaged number collides with the next one the run hands out
         tally.saves_refused += 1
         assert damage.table in ('runs', 'messages', 'snapshots')
