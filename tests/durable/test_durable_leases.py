@@ -219,10 +219,9 @@ async def test_a_lease_expired_by_the_runs_clock_is_renewed_before_its_next_unit
     assert (during.owner, during.fencing_epoch) == (before.owner, before.fencing_epoch)
 
 
-async def test_a_resumed_parent_takes_over_its_childs_lease(store: StepStore) -> None:
-    """A child workflow's lease held by a stale run (the dead process renewed it after its parent's) is taken over by
-    the parent that holds its own lease and runs the delegating tool again; the new epoch fences the stale run."""
-    journal = journal_for(store)
+async def _child_held_by_a_stale_run(store: StepStore) -> tuple[str, WorkflowRecord, asyncio.Event]:
+    """Stop `desk-1` inside its delegate's `charge`, then let a stale run claim the child's lease for an hour: the
+    child's id, the stale claim, and the event that lets `charge` finish."""
     orders = Calls()
     inside, release = _hold_inside_charge(orders)
     run = asyncio.create_task(
@@ -234,10 +233,18 @@ async def test_a_resumed_parent_takes_over_its_childs_lease(store: StepStore) ->
         await run
     child_id = child_workflow_id('desk-1', DELEGATE_CALL)
     now = utc_now()
-    stale = await journal.claim_workflow(
+    stale = await journal_for(store).claim_workflow(
         workflow_id=child_id, owner='stale run', lease_expires_at=now + timedelta(hours=1), now=now
     )
     assert stale is not None and stale.owner == 'stale run'
+    return child_id, stale, release
+
+
+async def test_a_resumed_parent_takes_over_its_childs_lease(store: StepStore) -> None:
+    """A child workflow's lease held by a stale run (the dead process renewed it after its parent's) is taken over by
+    the parent that holds its own lease and runs the delegating tool again; the new epoch fences the stale run."""
+    journal = journal_for(store)
+    child_id, stale, release = await _child_held_by_a_stale_run(store)
     release.set()
     again = build_delegating_agent(store, Calls(), Calls(), idempotent_b=True)
     result = await again.run('desk work', run_id='desk-1')
@@ -267,21 +274,7 @@ class _StaleRunRenewing(InMemoryStepStore):
 async def test_a_take_over_wins_over_a_stale_run_renewing_the_childs_lease() -> None:
     store = _StaleRunRenewing()
     journal = journal_for(store)
-    orders = Calls()
-    inside, release = _hold_inside_charge(orders)
-    run = asyncio.create_task(
-        build_delegating_agent(store, Calls(), orders, idempotent_b=True).run('desk work', run_id='desk-1')
-    )
-    await inside.wait()
-    run.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await run
-    child_id = child_workflow_id('desk-1', DELEGATE_CALL)
-    now = utc_now()
-    stale = await journal.claim_workflow(
-        workflow_id=child_id, owner='stale run', lease_expires_at=now + timedelta(hours=1), now=now
-    )
-    assert stale is not None and stale.owner == 'stale run'
+    child_id, stale, release = await _child_held_by_a_stale_run(store)
     store.held = (child_id, Fence(owner='stale run', epoch=stale.fencing_epoch))
     release.set()
     result = await build_delegating_agent(store, Calls(), Calls(), idempotent_b=True).run('desk work', run_id='desk-1')

@@ -132,17 +132,24 @@ async def journal_inputs(
             continue
         tree = [json.loads(encoded.data) for encoded in encode_messages(journaled)]
         payload, externalized = await media.pack_changed(tree)
-        unit = DurableUnit(
-            workflow_id=record.workflow_id,
-            unit_key=key,
-            name=key.split('#', 1)[0],
-            kind='other',
-            status='completed',
-            result=payload,
-            externalized=externalized,
-            ended_at=utc_now(),
-        )
-        await journal.record_unit(unit, fence=fence)
+        await journal.record_unit(_input_unit(record.workflow_id, key, payload, externalized), fence=fence)
+
+
+def _input_unit(
+    workflow_id: str, key: str, payload: Any, externalized: bool, *, fingerprint: str | None = None
+) -> DurableUnit:
+    """The completed unit under `key` that holds one of a workflow's inputs (`payload`, packed)."""
+    return DurableUnit(
+        workflow_id=workflow_id,
+        unit_key=key,
+        name=key.split('#', 1)[0],
+        kind='other',
+        status='completed',
+        fingerprint=fingerprint,
+        result=payload,
+        externalized=externalized,
+        ended_at=utc_now(),
+    )
 
 
 async def journal_deferred_results(workflow: ActiveWorkflow, results: DeferredToolResults | None) -> None:
@@ -164,17 +171,7 @@ async def journal_deferred_results(workflow: ActiveWorkflow, results: DeferredTo
             raise ReplayDivergedError(workflow_id=workflow.workflow_id, unit_key=DEFERRED_UNIT, what=what)
         return
     packed, externalized = await workflow.media.pack_changed(payload)
-    unit = DurableUnit(
-        workflow_id=workflow.workflow_id,
-        unit_key=DEFERRED_UNIT,
-        name=DEFERRED_UNIT.split('#', 1)[0],
-        kind='other',
-        status='completed',
-        fingerprint=fingerprint,
-        result=packed,
-        externalized=externalized,
-        ended_at=utc_now(),
-    )
+    unit = _input_unit(workflow.workflow_id, DEFERRED_UNIT, packed, externalized, fingerprint=fingerprint)
     fence = None if workflow.lease is None else workflow.lease.fence
     await run_to_completion(workflow.journal.record_unit(unit, fence=fence))
 
